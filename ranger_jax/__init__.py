@@ -1,0 +1,1 @@
+"""ranger_jax: agentic image generation in the wild, on JAX."""
