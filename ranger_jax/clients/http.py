@@ -10,11 +10,15 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import itertools
+import json
 import logging
 import random
+import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+import weakref
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 import httpx
 
@@ -27,6 +31,7 @@ MAX_BACKOFF_S = 8.0
 MAX_RETRY_AFTER_S = 60.0
 RETRYABLE_STATUS = frozenset({408, 429})
 IDEMPOTENCY_HEADER = "Idempotency-Key"
+DEFAULT_MAX_CONNECTIONS = 100
 
 
 class ClientError(Exception):
@@ -184,3 +189,174 @@ def json_body(response: httpx.Response) -> dict | list:
         return response.json()
     except ValueError as err:
         raise ResponseFormatError(str(response.request.url), f"body is not JSON: {response.text[:200]!r}") from err
+
+
+def error_message(body: str) -> str:
+    """The human message inside an error body, whichever common JSON shape it uses; else the text itself.
+
+    Understands `{"error": "<text>"}`, `{"error": {"message": …}}`, `{"message": …}` (OpenAI/SGLang
+    `{"object": "error", …}` included) and FastAPI's `{"detail": "<text>" | [{"msg": …}, …]}`.
+    """
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        return body.strip()
+    if not isinstance(obj, dict):
+        return body.strip()
+    error = obj.get("error")
+    if isinstance(error, str):
+        return error
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        return error["message"]
+    if isinstance(obj.get("message"), str):
+        return obj["message"]
+    detail = obj.get("detail")
+    if isinstance(detail, str):
+        return detail
+    if isinstance(detail, list):
+        return "; ".join(str(d.get("msg", d)) if isinstance(d, dict) else str(d) for d in detail)
+    return body.strip()
+
+
+def as_timeout(timeout: float | httpx.Timeout) -> httpx.Timeout:
+    """`timeout` as an `httpx.Timeout`; a number is the read/write/pool limit with a ≤ 5 s connect limit."""
+    if isinstance(timeout, httpx.Timeout):
+        return timeout
+    if timeout <= 0:
+        raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+    return httpx.Timeout(float(timeout), connect=min(5.0, float(timeout)))
+
+
+class Session:
+    """One service's HTTP connection: a sync `httpx.Client`, an `httpx.AsyncClient` per event loop, a
+    concurrency limit shared by all calls, and the module's retry policy.
+
+    An `httpx.AsyncClient` belongs to the event loop that first used it, so each running loop gets its own
+    (created on first use, dropped with the loop); sync calls share one `httpx.Client`.
+
+    Args:
+        base_url: scheme, host, port and optional path prefix; request paths are relative to it.
+        timeout: per-request timeout (seconds or `httpx.Timeout`).
+        max_retries: retries after the first try (module policy).
+        max_concurrency: requests in flight at once through this session (None: no limit but the pool).
+        headers: sent with every request (e.g. `Authorization`).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        timeout: float | httpx.Timeout = DEFAULT_TIMEOUT,
+        max_retries: int = DEFAULT_MAX_RETRIES,
+        max_concurrency: int | None = None,
+        headers: Mapping[str, str] | None = None,
+    ):
+        if not base_url.startswith(("http://", "https://")):
+            raise ValueError(f"base_url must start with http:// or https://, got {base_url!r}")
+        if max_retries < 0:
+            raise ValueError(f"max_retries must be >= 0, got {max_retries}")
+        if max_concurrency is not None and max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be >= 1 or None, got {max_concurrency}")
+        self.base_url = base_url.rstrip("/")
+        self.timeout = as_timeout(timeout)
+        self.max_retries = max_retries
+        self.max_concurrency = max_concurrency
+        self.headers = dict(headers or {})
+        self._limits = httpx.Limits(max_connections=max(max_concurrency or 0, DEFAULT_MAX_CONNECTIONS))
+        self._client: httpx.Client | None = None
+        self._thread_slots = threading.BoundedSemaphore(max_concurrency) if max_concurrency else None
+        self._lock = threading.Lock()
+        self._async: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[httpx.AsyncClient, asyncio.Semaphore | None]]
+        self._async = weakref.WeakKeyDictionary()
+
+    def url(self, path: str) -> str:
+        """Absolute URL of `path` on this service (for messages and cache keys)."""
+        return f"{self.base_url}/{path.lstrip('/')}"
+
+    def _sync_client(self) -> httpx.Client:
+        with self._lock:
+            if self._client is None:
+                self._client = httpx.Client(timeout=self.timeout, headers=self.headers, limits=self._limits)
+            return self._client
+
+    def _async_client(self) -> tuple[httpx.AsyncClient, asyncio.Semaphore | None]:
+        loop = asyncio.get_running_loop()
+        pair = self._async.get(loop)
+        if pair is None:
+            client = httpx.AsyncClient(timeout=self.timeout, headers=self.headers, limits=self._limits)
+            pair = (client, asyncio.Semaphore(self.max_concurrency) if self.max_concurrency else None)
+            self._async[loop] = pair
+        return pair
+
+    @staticmethod
+    def _options(json_body: Any, data: Any, files: Any, params: Any, headers: Mapping[str, str] | None,
+                 timeout: float | httpx.Timeout | None) -> dict[str, Any]:
+        options: dict[str, Any] = {"headers": dict(headers or {})}
+        for key, value in (("json", json_body), ("data", data), ("files", files), ("params", params)):
+            if value is not None:
+                options[key] = value
+        if timeout is not None:
+            options["timeout"] = as_timeout(timeout)
+        return options
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        data: Mapping[str, Any] | None = None,
+        files: Any = None,
+        params: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+        timeout: float | httpx.Timeout | None = None,
+    ) -> httpx.Response:
+        """Sends `method path` with retries under the concurrency limit; returns the 2xx response.
+
+        Raises:
+            StatusError / RateLimited / TransportFailed: as `request_with_retries`.
+        """
+        options = self._options(json, data, files, params, headers, timeout)
+        client = self._sync_client()
+        if self._thread_slots is None:
+            return request_with_retries(client, method, self.url(path), max_retries=self.max_retries, **options)
+        with self._thread_slots:
+            return request_with_retries(client, method, self.url(path), max_retries=self.max_retries, **options)
+
+    async def arequest(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        data: Mapping[str, Any] | None = None,
+        files: Any = None,
+        params: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+        timeout: float | httpx.Timeout | None = None,
+    ) -> httpx.Response:
+        """Async twin of `request` (same retries, limit and errors)."""
+        options = self._options(json, data, files, params, headers, timeout)
+        client, slots = self._async_client()
+        if slots is None:
+            return await arequest_with_retries(client, method, self.url(path), max_retries=self.max_retries, **options)
+        async with slots:
+            return await arequest_with_retries(client, method, self.url(path), max_retries=self.max_retries, **options)
+
+    def close(self) -> None:
+        """Closes the sync client (async clients close with `aclose` from their loop)."""
+        with self._lock:
+            if self._client is not None:
+                self._client.close()
+                self._client = None
+
+    async def aclose(self) -> None:
+        """Closes the current loop's async client and the sync client."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        pair = self._async.pop(loop, None) if loop is not None else None
+        if pair is not None:
+            await pair[0].aclose()
+        self.close()
