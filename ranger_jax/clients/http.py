@@ -310,18 +310,22 @@ class Session:
         params: Mapping[str, Any] | None = None,
         headers: Mapping[str, str] | None = None,
         timeout: float | httpx.Timeout | None = None,
+        max_retries: int | None = None,
     ) -> httpx.Response:
         """Sends `method path` with retries under the concurrency limit; returns the 2xx response.
+
+        `max_retries` overrides the session's retry count for this call (0 for probes such as health checks).
 
         Raises:
             StatusError / RateLimited / TransportFailed: as `request_with_retries`.
         """
         options = self._options(json, data, files, params, headers, timeout)
+        retries = self.max_retries if max_retries is None else max_retries
         client = self._sync_client()
         if self._thread_slots is None:
-            return request_with_retries(client, method, self.url(path), max_retries=self.max_retries, **options)
+            return request_with_retries(client, method, self.url(path), max_retries=retries, **options)
         with self._thread_slots:
-            return request_with_retries(client, method, self.url(path), max_retries=self.max_retries, **options)
+            return request_with_retries(client, method, self.url(path), max_retries=retries, **options)
 
     async def arequest(
         self,
@@ -334,14 +338,16 @@ class Session:
         params: Mapping[str, Any] | None = None,
         headers: Mapping[str, str] | None = None,
         timeout: float | httpx.Timeout | None = None,
+        max_retries: int | None = None,
     ) -> httpx.Response:
         """Async twin of `request` (same retries, limit and errors)."""
         options = self._options(json, data, files, params, headers, timeout)
+        retries = self.max_retries if max_retries is None else max_retries
         client, slots = self._async_client()
         if slots is None:
-            return await arequest_with_retries(client, method, self.url(path), max_retries=self.max_retries, **options)
+            return await arequest_with_retries(client, method, self.url(path), max_retries=retries, **options)
         async with slots:
-            return await arequest_with_retries(client, method, self.url(path), max_retries=self.max_retries, **options)
+            return await arequest_with_retries(client, method, self.url(path), max_retries=retries, **options)
 
     def close(self) -> None:
         """Closes the sync client (async clients close with `aclose` from their loop)."""
