@@ -1,0 +1,115 @@
+"""The live RL reward of one episode: hard-zero rules → generator → judges → combination.
+
+Gen-Searcher's flow (reference/rewards_and_evals.md §4): the answer's first references (valid local files,
+in the answer's order) and its `gen_prompt` go to the image generator with a pinned seed; the generated
+image is judged against the GT with the K-Score judge on the ORIGINAL question (R_image = per-sample
+overall) and, when α > 0, the answer text with the text-reward judge (R_text); then
+`combine.combine`. Any rule that fires, a failed generation and a failed judge give a zero whose reason is
+recorded. The generation result is returned too, so the trajectory keeps the image or the error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from ranger_jax.clients import images, media
+from ranger_jax.env import core
+from ranger_jax.rewards import combine, judge, text_reward
+from ranger_jax.rewards.judge import KScoreJudge
+from ranger_jax.rewards.text_reward import TextRewardJudge
+
+
+@dataclasses.dataclass(frozen=True)
+class Episode:
+    """What the reward needs from a finished episode.
+
+    Attributes:
+        question: the original task prompt.
+        ground_truth: the GT image (None when missing → hard zero).
+        answer: the parsed answer, or None.
+        termination: the episode's termination label.
+        images: img_id → ImageRecord of every image the episode assigned (their `path` must exist to count).
+    """
+
+    question: str
+    ground_truth: media.ImageLike | None
+    answer: core.Answer | None
+    termination: str | None
+    images: Mapping[str, core.ImageRecord]
+
+
+class LiveReward:
+    """Scores episodes with a generator and judges.
+
+    Args:
+        generator: any `clients.images.Generator` (SGLang, Gen-Searcher service, offline compositor).
+        image_judge: K-Score judge for R_image (required unless α = 1).
+        text_judge: text-reward judge for R_text (required unless α = 0).
+        alpha: weight of R_text, clamped to [0, 1] (Gen-Searcher ships 0.5; 0 when unset).
+        seed: generator seed pinned for every episode (Gen-Searcher: 0).
+    """
+
+    def __init__(self, generator: images.Generator, *, image_judge: KScoreJudge | None,
+                 text_judge: TextRewardJudge | None, alpha: float = 0.5, seed: int = 0):
+        self.generator, self.image_judge, self.text_judge = generator, image_judge, text_judge
+        self.alpha, self.seed = combine.clamp_alpha(alpha), seed
+
+    def _precheck(self, episode: Episode) -> tuple[combine.RewardBreakdown | None, list[str]]:
+        valid = [i for i, record in episode.images.items() if os.path.isfile(record.path)]
+        zero = combine.hard_zero(question=episode.question, has_ground_truth=episode.ground_truth is not None,
+                                 termination=episode.termination, answer=episode.answer,
+                                 known_img_ids=episode.images, valid_img_ids=valid, alpha=self.alpha)
+        if zero is not None or episode.answer is None:
+            return zero, []
+        paths = [episode.images[ref.img_id].path for ref in episode.answer.reference_images if ref.img_id in valid]
+        missing = [name for name, j, w in (("image_judge", self.image_judge, 1 - self.alpha),
+                                           ("text_judge", self.text_judge, self.alpha)) if w > 0 and j is None]
+        if missing:
+            return combine.zero(combine.NO_JUDGE, f"no {' or '.join(missing)} configured (alpha={self.alpha:g})",
+                                alpha=self.alpha), paths
+        return None, paths
+
+    async def _judge(self, episode: Episode, generated: bytes) -> combine.RewardBreakdown:
+        assert episode.answer is not None and episode.ground_truth is not None
+        components: dict[str, Any] = {}
+
+        async def image_reward() -> float | None:
+            if self.alpha >= 1.0 or self.image_judge is None:
+                return None
+            verdict = await self.image_judge.ascore(episode.question, generated, episode.ground_truth)
+            components["kscore"] = verdict.value.to_dict()
+            return verdict.value.overall
+
+        async def text_score() -> float | None:
+            if self.alpha <= 0.0 or self.text_judge is None:
+                return None
+            facts = text_reward.image_facts(episode.images)
+            verdict = await self.text_judge.ascore(episode.question, episode.ground_truth, episode.answer, facts)
+            components["text_reward"] = dataclasses.asdict(verdict.value)
+            return verdict.value.score
+
+        try:
+            r_image, r_text = await asyncio.gather(image_reward(), text_score())
+        except judge.JudgeError as err:
+            return combine.zero(combine.JUDGE_FAILED, str(err), alpha=self.alpha)
+        return combine.combine(r_image, r_text, self.alpha, components=components)
+
+    async def ascore(self, episode: Episode) -> tuple[combine.RewardBreakdown, images.GenerationResult | None]:
+        """(reward breakdown, generation result or None when no generation ran)."""
+        zero, references = self._precheck(episode)
+        if zero is not None:
+            return zero, None
+        assert episode.answer is not None
+        generation = await self.generator.agenerate(episode.answer.gen_prompt, references, seed=self.seed)
+        if not generation.ok or generation.image is None:
+            return combine.zero(combine.GENERATION_FAILED, f"generation failed: {generation.error}",
+                                alpha=self.alpha), generation
+        return await self._judge(episode, generation.image), generation
+
+    def score(self, episode: Episode) -> tuple[combine.RewardBreakdown, images.GenerationResult | None]:
+        """Sync twin of `ascore` (must not be called from a running event loop)."""
+        return asyncio.run(self.ascore(episode))
