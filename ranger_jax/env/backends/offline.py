@@ -1,0 +1,169 @@
+"""The offline corpus backend: search and fetch over a world directory built by `ranger_jax.env.sim.build`.
+
+Text search ranks pages by Okapi BM25 over their title and text; image search ranks images by BM25 over
+their title, alt text and page context (BM25F-style field weights baked into the precomputed index, see
+`ranger_jax.env.sim.build`). Both honour Google-style `tbs` date filters, read relative to the world's own
+`today`, against each page's publication date (an image carries its page's date). Pages and images are
+fetched by the world's URLs. Everything is deterministic: ties break by document order.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+from pathlib import Path
+
+from ranger_jax.env.backends.base import BackendError, FetchedImage, ImageHit, Page, TextHit, parse_tbs
+from ranger_jax.env.sim import bm25, world
+
+MAX_TOP_K = 20
+SNIPPET_CHARS = 220
+
+_SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
+
+
+def _normalise_url(url: str) -> str:
+    return url.strip().split("#", 1)[0].rstrip("/")
+
+
+def _snippet_units(text: str) -> list[tuple[str, frozenset[str]]]:
+    """Sentences and fact-sheet lines of a page body (headline, dateline, images and links left out)."""
+    units = []
+    for part in _SENTENCE.split(text):
+        part = part.strip()
+        if not part or part.startswith(("#", "![", "- [", "Related:", "Published ")):
+            continue
+        units.append((part, frozenset(bm25.tokenize(part))))
+    return units
+
+
+class OfflineBackend:
+    """Search and fetch over an offline world; implements `ranger_jax.env.backends.base.Backend`.
+
+    Attributes:
+        root: the world directory.
+        today: the world's own date; relative date filters (`qdr:w`) count back from it.
+        world: the loaded `ranger_jax.env.sim.world.World`.
+    """
+
+    def __init__(self, world_dir: str | Path):
+        """Loads the world and its precomputed BM25 indexes.
+
+        Raises:
+            FileNotFoundError: when `world_dir` holds no world or its index is missing.
+            ValueError: when the index does not cover exactly the world's pages and images.
+        """
+        self.root = Path(world_dir)
+        self.world = world.load_world(self.root)
+        self.today: dt.date = self.world.today
+        index_path = self.root / world.INDEX_FILE
+        try:
+            data = json.loads(index_path.read_text("utf-8"))
+        except FileNotFoundError as err:
+            raise FileNotFoundError(f"{index_path} not found; rebuild the world with ranger_jax.env.sim.build") from err
+        self._pages = bm25.Index.from_json(data["pages"], f"{index_path}#pages")
+        self._images = bm25.Index.from_json(data["images"], f"{index_path}#images")
+        for name, index, items in (("pages", self._pages, self.world.pages), ("images", self._images, self.world.images)):
+            if set(index.docs) != set(items):
+                raise ValueError(f"{index_path} indexes {len(index.docs)} {name} but the world has {len(items)}; "
+                                 "rebuild the world")
+        self._page_dates = tuple(self.world.pages[u].date for u in self._pages.docs)
+        self._image_dates = tuple(self.world.images[u].date for u in self._images.docs)
+        self._units = {u: _snippet_units(p.text) for u, p in self.world.pages.items()}
+        self._page_urls = {_normalise_url(u): u for u in self.world.pages}
+        self._image_urls = {_normalise_url(u): u for u in self.world.images}
+
+    def _date_filter(self, tbs: str | None, dates: tuple[str, ...]):
+        if tbs is None or not tbs.strip():
+            return None
+        try:
+            start, end = parse_tbs(tbs, self.today)
+        except ValueError as err:
+            raise BackendError(str(err)) from err
+        low, high = start.isoformat(), end.isoformat()
+        return lambda doc: low <= dates[doc] <= high
+
+    @staticmethod
+    def _check(kind: str, query: str, top_k: int) -> None:
+        if not isinstance(query, str) or not query.strip():
+            raise BackendError(f"{kind} query is empty; give a few words to search for")
+        if not bm25.tokenize(query):
+            raise BackendError(f"{kind} query {query!r} has no searchable words")
+        if not 1 <= top_k <= MAX_TOP_K:
+            raise BackendError(f"{kind} top_k must be in 1..{MAX_TOP_K}, got {top_k}")
+
+    def _snippet(self, url: str, query: str) -> str:
+        terms = set(bm25.tokenize(query))
+        units = self._units[url]
+        if not units:
+            return ""
+        best = max(range(len(units)), key=lambda i: (len(units[i][1] & terms), -i))
+        text = units[best][0]
+        if len(text) < SNIPPET_CHARS // 2 and best + 1 < len(units):
+            text = f"{text} {units[best + 1][0]}"
+        return text if len(text) <= SNIPPET_CHARS else text[: SNIPPET_CHARS - 1].rstrip() + "…"
+
+    async def text_search(self, query: str, *, top_k: int, tbs: str | None = None) -> list[TextHit]:
+        """Pages ranked by BM25 for `query`, best first, within the `tbs` date range if given.
+
+        Raises:
+            BackendError: for an empty query, a `top_k` outside 1..MAX_TOP_K, or an unreadable `tbs`.
+        """
+        self._check("text_search", query, top_k)
+        ranked = self._pages.search(query, top_k, self._date_filter(tbs, self._page_dates))
+        hits = []
+        for position, (doc, _) in enumerate(ranked, start=1):
+            page = self.world.pages[self._pages.docs[doc]]
+            hits.append(TextHit(title=page.title, url=page.url, snippet=self._snippet(page.url, query),
+                                date=page.date, position=position))
+        return hits
+
+    async def image_search(self, query: str, *, top_k: int, tbs: str | None = None) -> list[ImageHit]:
+        """Images ranked by BM25 over title, alt text and page context, within the `tbs` date range if given.
+
+        Raises:
+            BackendError: for an empty query, a `top_k` outside 1..MAX_TOP_K, or an unreadable `tbs`.
+        """
+        self._check("image_search", query, top_k)
+        ranked = self._images.search(query, top_k, self._date_filter(tbs, self._image_dates))
+        hits = []
+        for position, (doc, _) in enumerate(ranked, start=1):
+            image = self.world.images[self._images.docs[doc]]
+            hits.append(ImageHit(title=image.title, image_url=image.url, page_url=image.page_url,
+                                 source=image.page_url.split("/")[2], width=image.width, height=image.height,
+                                 position=position))
+        return hits
+
+    async def fetch_page(self, url: str) -> Page:
+        """The page at `url` as markdown-ish text.
+
+        Raises:
+            BackendError: naming the URL when the world has no such page (or it is an image).
+        """
+        key = self._page_urls.get(_normalise_url(url)) if isinstance(url, str) else None
+        if key is None:
+            if isinstance(url, str) and _normalise_url(url) in self._image_urls:
+                raise BackendError(f"{url!r} is an image, not a page; image_search returns images by id")
+            raise BackendError(f"no page at {url!r} in the offline world (404)")
+        page = self.world.pages[key]
+        return Page(url=page.url, title=page.title, text=page.text, date=page.date)
+
+    async def fetch_image(self, url: str, *, page_url: str | None = None) -> FetchedImage:
+        """The PNG bytes behind an image URL.
+
+        Raises:
+            BackendError: naming the URL when the world has no such image or its file is missing.
+        """
+        key = self._image_urls.get(_normalise_url(url)) if isinstance(url, str) else None
+        if key is None:
+            raise BackendError(f"no image at {url!r} in the offline world (404)")
+        image = self.world.images[key]
+        try:
+            data = (self.root / image.file).read_bytes()
+        except FileNotFoundError as err:
+            raise BackendError(f"image {url!r} is missing its file {self.root / image.file}") from err
+        return FetchedImage(url=image.url, data=data, content_type="image/png", page_url=page_url or image.page_url)
+
+    async def aclose(self) -> None:
+        """Nothing to release: the backend holds no sockets or open files."""

@@ -1,0 +1,210 @@
+"""Exact rewards in the offline world: search pass/fail, crop quality and text score of one answer.
+
+Every reference the policy selects is an `ImageRecord` of its episode: `root_url` names the world image it
+derives from and `root_box` the region of that image it shows (the whole image when None). The world's
+annotations give every entity's pixel box in that image, so each reference is judged from geometry alone.
+Only the first MAX_REFERENCES references count (the generator receives no more;
+reference/agent_protocol.md §6).
+
+For an entity with box O in a reference with region R, let vis = area(O ∩ R). The reference
+  - **shows** the entity when coverage = vis / area(O) ≥ COVERAGE_MIN (enough of it is visible) and
+    share = vis / area(R) ≥ SHARE_MIN (it is a main subject, not a detail of a wider scene);
+  - is **dominated by a sibling** when some sibling's vis ≥ RIVAL_MAX × the target's vis (the generator
+    could copy the sibling instead).
+**Search pass** ⇔ some reference shows the target and is not dominated by a sibling, and no reference shows a
+sibling. So a clean crop of the target passes; a crop of a sibling fails; a whole crowded scene fails (the
+target fills well under SHARE_MIN of it); a product shot of the target passes uncropped.
+
+**Crop IoU** = the best IoU between a reference's region and the target's box over all references whose
+world image contains the target (0 when none does).
+
+**Text score** = (key attributes present − sibling-only attributes mentioned) / number of key attributes,
+clipped to [0, 1]. Attributes are matched case-insensitively as whole words in `gen_prompt`; key attributes
+are matched first and their spans removed, so a key "navy" never counts as a sibling's "navy" elsewhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+
+from ranger_jax.env import core
+from ranger_jax.env.sim.world import Box, World, box_area, box_intersection, box_iou
+
+MAX_REFERENCES = 3
+COVERAGE_MIN = 0.8
+SHARE_MIN = 0.3
+RIVAL_MAX = 0.5
+REWARD_WEIGHTS = (0.6, 0.2, 0.2)  # search pass, crop IoU, text score in `SimScore.reward`
+
+_TRUTH_KEYS = ("target_id", "sibling_ids", "key_attributes", "sibling_only_attributes")
+
+
+@dataclasses.dataclass(frozen=True)
+class ReferenceCheck:
+    """How one selected reference relates to the target.
+
+    Attributes:
+        img_id: the reference's id in the answer.
+        root_url: the world image it derives from (None when the id or the image is unknown).
+        region: the pixel region of that image it shows.
+        target_coverage: fraction of the target's box inside the region (0 when the target is absent).
+        target_share: fraction of the region the target fills.
+        rival_ratio: largest visible area of a sibling in the region / the target's visible area.
+        shows_target: coverage and share clear their thresholds and no sibling dominates.
+        shown_siblings: ids of siblings the reference shows.
+        iou: IoU of the region with the target's box (0 when the target is absent).
+    """
+
+    img_id: str
+    root_url: str | None
+    region: Box | None
+    target_coverage: float = 0.0
+    target_share: float = 0.0
+    rival_ratio: float = 0.0
+    shows_target: bool = False
+    shown_siblings: tuple[str, ...] = ()
+    iou: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class SimScore:
+    """The exact scores of one answer, with the details that explain them."""
+
+    search_pass: bool
+    crop_iou: float
+    text_score: float
+    references: tuple[ReferenceCheck, ...]
+    key_attributes_present: tuple[str, ...]
+    key_attributes_missing: tuple[str, ...]
+    sibling_attributes_mentioned: tuple[str, ...]
+    reason: str
+
+    @property
+    def reward(self) -> float:
+        """Scalar reward in [0, 1]: REWARD_WEIGHTS · (search pass, crop IoU, text score)."""
+        w_search, w_crop, w_text = REWARD_WEIGHTS
+        return w_search * float(self.search_pass) + w_crop * self.crop_iou + w_text * self.text_score
+
+
+def _find(text: str, phrase: str) -> list[tuple[int, int]]:
+    pattern = r"(?<![a-z0-9])" + re.escape(phrase.lower()) + r"(?![a-z0-9])"
+    return [m.span() for m in re.finditer(pattern, text)]
+
+
+def text_match(gen_prompt: str, key: list[str], sibling_only: list[str]) -> tuple[float, tuple, tuple, tuple]:
+    """(score, present, missing, sibling-only mentioned) of `gen_prompt` (see the module docstring)."""
+    text = gen_prompt.lower()
+    present, missing = [], []
+    for phrase in key:
+        spans = _find(text, phrase)
+        (present if spans else missing).append(phrase)
+        for start, end in spans:  # mask, so sibling-only phrases cannot match inside a key attribute
+            text = text[:start] + " " * (end - start) + text[end:]
+    mentioned = [phrase for phrase in sibling_only if _find(text, phrase)]
+    score = (len(present) - len(mentioned)) / len(key) if key else 0.0
+    return min(1.0, max(0.0, score)), tuple(present), tuple(missing), tuple(mentioned)
+
+
+def _visible(world_image, entity_id: str, region: Box) -> tuple[float, Box | None]:
+    """Largest visible area of `entity_id` in `region` and that placement's box (None when absent)."""
+    best, best_box = 0.0, None
+    for obj in world_image.objects:
+        if obj.entity_id == entity_id:
+            vis = box_area(box_intersection(obj.box, region))
+            if best_box is None or vis > best:
+                best, best_box = vis, obj.box
+    return best, best_box
+
+
+def check_reference(world: World, record: core.ImageRecord | None, img_id: str, target_id: str,
+                    sibling_ids: list[str]) -> ReferenceCheck:
+    """Judges one reference against the target and its siblings (definitions in the module docstring)."""
+    root_url = None if record is None else (record.root_url or record.url)
+    image = world.images.get(root_url) if root_url else None
+    if image is None:
+        return ReferenceCheck(img_id=img_id, root_url=root_url, region=None)
+    region = tuple(float(v) for v in record.root_box) if record.root_box is not None else (
+        0.0, 0.0, float(image.width), float(image.height))
+    region_area = box_area(region)
+    if region_area <= 0:
+        return ReferenceCheck(img_id=img_id, root_url=root_url, region=region)
+    vis_target, target_box = _visible(image, target_id, region)
+    shown, rival = [], 0.0
+    for sibling in sibling_ids:
+        vis, box = _visible(image, sibling, region)
+        if box is None:
+            continue
+        rival = max(rival, vis / max(vis_target, 1.0))
+        if vis / box_area(box) >= COVERAGE_MIN and vis / region_area >= SHARE_MIN:
+            shown.append(sibling)
+    if target_box is None:
+        return ReferenceCheck(img_id=img_id, root_url=root_url, region=region, rival_ratio=rival,
+                              shown_siblings=tuple(shown))
+    coverage, share = vis_target / box_area(target_box), vis_target / region_area
+    shows = coverage >= COVERAGE_MIN and share >= SHARE_MIN and rival < RIVAL_MAX
+    return ReferenceCheck(img_id=img_id, root_url=root_url, region=region, target_coverage=coverage,
+                          target_share=share, rival_ratio=rival, shows_target=shows, shown_siblings=tuple(shown),
+                          iou=box_iou(region, target_box))
+
+
+def _truth(task: core.Task, world: World) -> Mapping:
+    truth = task.ground_truth
+    if not isinstance(truth, Mapping):
+        raise ValueError(f"task {task.id!r} has no offline-world ground truth (got {type(truth).__name__}); "
+                         "load tasks with ranger_jax.env.sim.load_tasks")
+    missing = [k for k in _TRUTH_KEYS if k not in truth]
+    if missing:
+        raise ValueError(f"task {task.id!r} ground truth lacks {missing}")
+    for entity_id in [truth["target_id"], *truth["sibling_ids"]]:
+        if entity_id not in world.entities:
+            raise ValueError(f"task {task.id!r} names entity {entity_id!r}, which is not in the world at {world.root}")
+    return truth
+
+
+def score(world: World, task: core.Task, answer: core.Answer | None,
+          images: Mapping[str, core.ImageRecord]) -> SimScore:
+    """Scores one episode's answer exactly.
+
+    Args:
+        world: the loaded world the episode ran in.
+        task: the task, as returned by `ranger_jax.env.sim.load_tasks`.
+        answer: the parsed answer, or None when the episode ended without one (everything scores 0).
+        images: the episode's images by id (`EnvState.images`).
+
+    Returns:
+        A `SimScore`.
+
+    Raises:
+        ValueError: naming the task when its ground truth is missing or names entities the world lacks.
+    """
+    truth = _truth(task, world)
+    key, sibling_only = list(truth["key_attributes"]), list(truth["sibling_only_attributes"])
+    if answer is None:
+        return SimScore(False, 0.0, 0.0, (), (), tuple(key), (), reason="no answer")
+    text, present, missing, mentioned = text_match(answer.gen_prompt, key, sibling_only)
+    checks = tuple(
+        check_reference(world, images.get(ref.img_id), ref.img_id, truth["target_id"], list(truth["sibling_ids"]))
+        for ref in answer.reference_images[:MAX_REFERENCES]
+    )
+    shows = [c.img_id for c in checks if c.shows_target]
+    siblings = sorted({s for c in checks for s in c.shown_siblings})
+    passed = bool(shows) and not siblings
+    if passed:
+        reason = f"{', '.join(shows)} shows the target"
+    elif siblings:
+        reason = f"a reference shows sibling(s) {siblings}"
+    elif not checks:
+        reason = "no reference images"
+    elif any(c.target_coverage > 0 for c in checks):
+        best = max(checks, key=lambda c: c.target_share)
+        reason = (f"target not isolated: best reference {best.img_id} has coverage {best.target_coverage:.2f}, "
+                  f"share {best.target_share:.2f}, sibling ratio {best.rival_ratio:.2f}")
+    else:
+        reason = "no reference contains the target"
+    return SimScore(
+        search_pass=passed, crop_iou=max((c.iou for c in checks), default=0.0), text_score=text,
+        references=checks, key_attributes_present=present, key_attributes_missing=missing,
+        sibling_attributes_mentioned=mentioned, reason=reason,
+    )

@@ -1,0 +1,257 @@
+"""The offline world as typed values: entities, pages, images with object boxes, and tasks; plus box geometry.
+
+`load_world(dir)` reads a directory written by `ranger_jax.env.sim.build` (layout in that module's docstring)
+and `load_tasks(dir)` turns its `tasks.jsonl` into `env.Task`s whose `ground_truth` holds what
+`ranger_jax.env.sim.rewards.score` needs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from ranger_jax.env import core
+
+FORMAT_VERSION = 1
+WORLD_FILE = "world.json"
+ENTITIES_FILE = "entities.jsonl"
+PAGES_FILE = "pages.jsonl"
+IMAGES_FILE = "images.jsonl"
+TASKS_FILE = "tasks.jsonl"
+INDEX_FILE = "index.json"
+IMAGES_DIR = "images"
+
+Box = tuple[float, float, float, float]  # [x0, y0, x1, y1] in pixels, x1 > x0 and y1 > y0
+
+
+def box_area(box: Box) -> float:
+    """Area of a box; 0 for an empty or inverted one."""
+    return max(0.0, box[2] - box[0]) * max(0.0, box[3] - box[1])
+
+
+def box_intersection(a: Box, b: Box) -> Box:
+    """The overlap of two boxes (possibly empty: check `box_area`)."""
+    return (max(a[0], b[0]), max(a[1], b[1]), min(a[2], b[2]), min(a[3], b[3]))
+
+
+def box_iou(a: Box, b: Box) -> float:
+    """Intersection over union of two boxes, 0 when either is empty."""
+    inter = box_area(box_intersection(a, b))
+    union = box_area(a) + box_area(b) - inter
+    return inter / union if union > 0 else 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Entity:
+    """One thing in the world (a kit, a phone finish, a poster), identified by its visible attributes.
+
+    Attributes:
+        id: stable id, e.g. "e0012".
+        family: series name, e.g. "Lakeside FC".
+        name: full name, e.g. "Lakeside FC 2026 Home"; `noun` completes it in text.
+        noun: what it is ("kit").
+        subcategory, domain: its Savanna subcategory and domain.
+        edition: edition label ("2026", "7", "Season 3").
+        variant: variant name ("Home", "Sage").
+        released: release date, YYYY-MM-DD.
+        primary, secondary: colour names (keys of `catalog.COLOURS`).
+        pattern: one of `catalog.PATTERNS`, drawn in the secondary colour.
+        emblem: the emblem text printed on it.
+    """
+
+    id: str
+    family: str
+    name: str
+    noun: str
+    subcategory: str
+    domain: str
+    edition: str
+    variant: str
+    released: str
+    primary: str
+    secondary: str
+    pattern: str
+    emblem: str
+
+    def attributes(self) -> dict[str, str]:
+        """The four visible attributes by slot name."""
+        return {"primary": self.primary, "secondary": self.secondary, "pattern": self.pattern, "emblem": self.emblem}
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """An entity drawn in an image at a pixel box."""
+
+    entity_id: str
+    box: Box
+
+
+@dataclasses.dataclass(frozen=True)
+class WorldImage:
+    """A PNG in the world: where it is served, what surrounds it, and which entities it shows where."""
+
+    id: str
+    url: str
+    file: str  # relative to the world directory
+    width: int
+    height: int
+    title: str
+    alt: str
+    page_url: str
+    date: str
+    objects: tuple[Placement, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class WorldPage:
+    """A dated page: markdown-ish text with links and image references."""
+
+    url: str
+    title: str
+    date: str
+    text: str
+    links: tuple[str, ...]
+    image_urls: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class World:
+    """Everything in a world directory, indexed by id and URL (read-only mappings)."""
+
+    root: Path
+    seed: int
+    today: dt.date
+    entities: Mapping[str, Entity]
+    pages: Mapping[str, WorldPage]
+    images: Mapping[str, WorldImage]
+
+    def image_path(self, url: str) -> Path:
+        """The PNG file behind an image URL.
+
+        Raises:
+            KeyError: naming the URL when the world has no such image.
+        """
+        image = self.images.get(url)
+        if image is None:
+            raise KeyError(f"no image with url {url!r} in the world at {self.root}")
+        return self.root / image.file
+
+
+def _read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    try:
+        lines = path.read_text("utf-8").splitlines()
+    except FileNotFoundError as err:
+        raise FileNotFoundError(
+            f"world file {path} is missing; build a world with `python -m ranger_jax.env.sim.build --out DIR`"
+        ) from err
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as err:
+            raise ValueError(f"{path}:{number} is not valid JSON: {err}") from err
+        yield number, row
+
+
+def _field(row: Mapping[str, Any], key: str, where: str) -> Any:
+    if key not in row:
+        raise ValueError(f"{where} has no {key!r} field (fields: {sorted(row)})")
+    return row[key]
+
+
+def read_meta(root: str | Path) -> dict[str, Any]:
+    """The world's `world.json` (seed, today, counts), checked for the format version.
+
+    Raises:
+        FileNotFoundError: when the directory holds no world.
+        ValueError: naming the file when its format version is not FORMAT_VERSION.
+    """
+    path = Path(root) / WORLD_FILE
+    try:
+        meta = json.loads(path.read_text("utf-8"))
+    except FileNotFoundError as err:
+        raise FileNotFoundError(
+            f"{path} not found: {root} is not an offline world; build one with "
+            f"`python -m ranger_jax.env.sim.build --out {root}`"
+        ) from err
+    if meta.get("version") != FORMAT_VERSION:
+        raise ValueError(f"{path} has format version {meta.get('version')!r}, expected {FORMAT_VERSION}; rebuild it")
+    return meta
+
+
+def load_world(root: str | Path) -> World:
+    """Reads a world directory into a `World`.
+
+    Raises:
+        FileNotFoundError: naming the missing file.
+        ValueError: naming the file and line of a malformed row, or an image that places an unknown entity.
+    """
+    root = Path(root)
+    meta = read_meta(root)
+    entities = {}
+    for number, row in _read_jsonl(root / ENTITIES_FILE):
+        where = f"{root / ENTITIES_FILE}:{number}"
+        entity = Entity(**{f.name: _field(row, f.name, where) for f in dataclasses.fields(Entity)})
+        entities[entity.id] = entity
+    pages = {}
+    for number, row in _read_jsonl(root / PAGES_FILE):
+        where = f"{root / PAGES_FILE}:{number}"
+        page = WorldPage(
+            url=_field(row, "url", where), title=_field(row, "title", where), date=_field(row, "date", where),
+            text=_field(row, "text", where), links=tuple(_field(row, "links", where)),
+            image_urls=tuple(_field(row, "image_urls", where)),
+        )
+        pages[page.url] = page
+    images = {}
+    for number, row in _read_jsonl(root / IMAGES_FILE):
+        where = f"{root / IMAGES_FILE}:{number}"
+        objects = []
+        for obj in _field(row, "objects", where):
+            entity_id = _field(obj, "entity_id", where)
+            if entity_id not in entities:
+                raise ValueError(f"{where} places unknown entity {entity_id!r} in image {row.get('url')!r}")
+            objects.append(Placement(entity_id=entity_id, box=tuple(float(v) for v in _field(obj, "box", where))))
+        image = WorldImage(
+            id=_field(row, "id", where), url=_field(row, "url", where), file=_field(row, "file", where),
+            width=int(_field(row, "width", where)), height=int(_field(row, "height", where)),
+            title=_field(row, "title", where), alt=_field(row, "alt", where),
+            page_url=_field(row, "page_url", where), date=_field(row, "date", where), objects=tuple(objects),
+        )
+        images[image.url] = image
+    return World(
+        root=root, seed=int(meta["seed"]), today=dt.date.fromisoformat(meta["today"]),
+        entities=MappingProxyType(entities), pages=MappingProxyType(pages), images=MappingProxyType(images),
+    )
+
+
+def load_tasks(root: str | Path) -> list[core.Task]:
+    """The world's tasks as `env.Task`s.
+
+    `ground_truth` is a dict with `target_id`, `target_name`, `image_url` and `image_file` (the ground-truth
+    image, file relative to the world), `bbox` (the target's pixel box in it), `key_attributes`,
+    `sibling_ids` and `sibling_only_attributes`; `metadata` has `domain`, `subcategory` and `today`
+    (YYYY-MM-DD).
+
+    Raises:
+        FileNotFoundError: naming the missing file.
+        ValueError: naming the file and line of a malformed row.
+    """
+    root = Path(root)
+    meta = read_meta(root)
+    tasks = []
+    for number, row in _read_jsonl(root / TASKS_FILE):
+        where = f"{root / TASKS_FILE}:{number}"
+        truth = {key: _field(row, key, where) for key in (
+            "target_id", "target_name", "image_url", "image_file", "bbox", "key_attributes", "sibling_ids",
+            "sibling_only_attributes")}
+        metadata = {"domain": _field(row, "domain", where), "subcategory": _field(row, "subcategory", where),
+                    "today": _field(row, "today", where), "world": str(root), "seed": meta["seed"]}
+        tasks.append(core.Task(_field(row, "id", where), _field(row, "prompt", where),
+                               ground_truth=truth, metadata=metadata))
+    return tasks
