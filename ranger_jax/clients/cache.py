@@ -13,6 +13,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+FILE_MODE = 0o644
+
 
 def request_key(namespace: str, request: Any) -> str:
     """Stable hex key for `request` (any JSON-serialisable value) within `namespace`."""
@@ -20,13 +22,17 @@ def request_key(namespace: str, request: Any) -> str:
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Writes `data` to `path` via a temporary file in the same folder and `os.replace`."""
+def write_atomic(path: str | os.PathLike, data: bytes) -> None:
+    """Writes `data` to `path` via a flushed, fsynced temporary file in the same folder and `os.replace`."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, FILE_MODE)  # mkstemp creates 0600; results are meant to be read by others
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
