@@ -109,3 +109,37 @@ class Observation:
     done: bool = False
     termination: str | None = None
     info: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+class FrozenDict(Mapping):
+    """An immutable, hashable, picklable mapping (used for `EnvState.images` and other per-episode tables)."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        object.__setattr__(self, "_data", dict(*args, **kwargs))
+
+    def __getitem__(self, key: Any) -> Any:
+        return self._data[key]
+
+    def __iter__(self):
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"FrozenDict is immutable; cannot set {name!r}")
+
+    def __hash__(self) -> int:
+        return hash(frozenset(self._data.items()))
+
+    def __repr__(self) -> str:
+        return f"FrozenDict({self._data!r})"
+
+    def __reduce__(self):
+        return (FrozenDict, (self._data,))
+
+    def set(self, key: Any, value: Any) -> "FrozenDict":
+        """A copy with `key` bound to `value`."""
+        return FrozenDict({**self._data, key: value})

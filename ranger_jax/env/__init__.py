@@ -1,0 +1,34 @@
+"""ranger_jax.env: the functional tool environment (public API for library users).
+
+    from ranger_jax import env
+    tool_env = env.make("envs/savanna_sim.toml", world="/data/world")
+    state = tool_env.reset(env.Task("t1", "A photo of …"))
+    state, observation = tool_env.step(state, policy_text)
+"""
+
+from ranger_jax.env.config import EnvConfig
+from ranger_jax.env.core import (
+    ANSWER,
+    ANSWER_PARSE_FAILED,
+    CONTEXT_EXCEEDED,
+    ERROR,
+    MAX_TURNS,
+    NO_ANSWER,
+    REPEATED_RESPONSE,
+    TERMINATIONS,
+    Answer,
+    AnswerRef,
+    FrozenDict,
+    ImageRecord,
+    Observation,
+    ObservedImage,
+    Task,
+)
+from ranger_jax.env.registry import make
+from ranger_jax.env.tool_env import EnvState, ToolEnv
+
+__all__ = [
+    "ANSWER", "ANSWER_PARSE_FAILED", "CONTEXT_EXCEEDED", "ERROR", "MAX_TURNS", "NO_ANSWER", "REPEATED_RESPONSE",
+    "TERMINATIONS", "Answer", "AnswerRef", "EnvConfig", "EnvState", "FrozenDict", "ImageRecord", "Observation",
+    "ObservedImage", "Task", "ToolEnv", "make",
+]

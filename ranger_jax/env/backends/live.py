@@ -1,0 +1,93 @@
+"""The live web backend: Serper for search, the guarded `WebFetcher` for pages and images."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ranger_jax.clients import http
+from ranger_jax.env.backends import base, serper, urlguard, web
+
+# Options `env.make("live", ...)` passes to LiveBackend.
+LIVE_OPTIONS = (
+    "serper_api_key", "serper_base_url", "gl", "hl", "cache_dir", "max_concurrency", "timeout_s", "max_retries",
+    "fetch_timeout_s", "fetch_max_retries", "max_page_bytes", "max_image_bytes", "min_image_bytes", "max_redirects",
+    "user_agent", "jina_base_url", "jina_api_key", "allow_hosts",
+)
+
+
+class LiveBackend:
+    """Search with Serper, read pages and download images from the open web (URL-guarded).
+
+    Args:
+        serper_api_key: Serper key; None reads `SERPER_API_KEY` (a missing key is reported at search time).
+        serper_base_url: Serper service root.
+        gl, hl: Serper country and language.
+        cache_dir: on-disk cache for search responses, pages and image bytes (None: no cache).
+        max_concurrency: requests in flight per event loop, per service.
+        timeout_s: Serper per-request timeout.
+        max_retries: Serper retries.
+        fetch_timeout_s: wall-clock limit of one page or image fetch.
+        fetch_max_retries: retries of one page or image fetch.
+        max_page_bytes, max_image_bytes, min_image_bytes: byte limits of fetched pages and images.
+        max_redirects: redirect hops followed (each one guarded).
+        user_agent: User-Agent of page and image requests.
+        jina_base_url: read pages through a Jina reader at this root (e.g. `https://r.jina.ai`).
+        jina_api_key: Bearer key for the Jina reader.
+        allow_hosts: `host:port` entries exempt from the URL guard (tests only).
+    """
+
+    def __init__(
+        self,
+        *,
+        serper_api_key: str | None = None,
+        serper_base_url: str = serper.SERPER_BASE_URL,
+        gl: str | None = None,
+        hl: str | None = None,
+        cache_dir: str | Path | None = None,
+        max_concurrency: int = serper.DEFAULT_MAX_CONCURRENCY,
+        timeout_s: float = 30.0,
+        max_retries: int = http.DEFAULT_MAX_RETRIES,
+        fetch_timeout_s: float = web.DEFAULT_FETCH_TIMEOUT_S,
+        fetch_max_retries: int = web.DEFAULT_FETCH_MAX_RETRIES,
+        max_page_bytes: int = web.DEFAULT_MAX_PAGE_BYTES,
+        max_image_bytes: int = web.DEFAULT_MAX_IMAGE_BYTES,
+        min_image_bytes: int = 0,
+        max_redirects: int = web.DEFAULT_MAX_REDIRECTS,
+        user_agent: str = web.DEFAULT_USER_AGENT,
+        jina_base_url: str | None = None,
+        jina_api_key: str | None = None,
+        allow_hosts: tuple[str, ...] | list[str] = (),
+    ):
+        self.guard = urlguard.UrlGuard(tuple(allow_hosts))
+        self.search = serper.SerperClient(
+            serper_api_key, base_url=serper_base_url, cache_dir=cache_dir, max_concurrency=max_concurrency,
+            timeout=http.as_timeout(timeout_s), max_retries=max_retries, gl=gl, hl=hl,
+        )
+        self.fetcher = web.WebFetcher(
+            self.guard, timeout_s=fetch_timeout_s, max_page_bytes=max_page_bytes, max_image_bytes=max_image_bytes,
+            min_image_bytes=min_image_bytes, max_redirects=max_redirects, max_retries=fetch_max_retries,
+            max_concurrency=max_concurrency, user_agent=user_agent, jina_base_url=jina_base_url,
+            jina_api_key=jina_api_key, cache_dir=cache_dir,
+        )
+
+    async def text_search(self, query: str, *, top_k: int, tbs: str | None = None) -> list[base.TextHit]:
+        hits = await self.search.search(query, num=10 if top_k <= 10 else serper.MAX_NUM, tbs=tbs)
+        return hits[:top_k]
+
+    async def news_search(self, query: str, *, top_k: int, tbs: str | None = None) -> list[base.TextHit]:
+        hits = await self.search.news(query, num=10 if top_k <= 10 else serper.MAX_NUM, tbs=tbs)
+        return hits[:top_k]
+
+    async def image_search(self, query: str, *, top_k: int, tbs: str | None = None) -> list[base.ImageHit]:
+        hits = await self.search.images(query, num=10 if top_k <= 10 else serper.MAX_NUM, tbs=tbs)
+        return hits[:top_k]
+
+    async def fetch_page(self, url: str) -> base.Page:
+        return await self.fetcher.fetch_page(url)
+
+    async def fetch_image(self, url: str, *, page_url: str | None = None) -> base.FetchedImage:
+        return await self.fetcher.fetch_image(url, page_url=page_url)
+
+    async def aclose(self) -> None:
+        await self.search.aclose()
+        await self.fetcher.aclose()

@@ -1,0 +1,162 @@
+"""Environment settings: the `EnvConfig` dataclass, reward settings, and the `envs/*.toml` file format.
+
+An environment file names a backend and sets options in three tables; `env.make(path, **options)` reads it and
+lets keyword options override it:
+
+    description = "…"            # free text
+    backend = "offline"           # or "live"
+    [backend_options]             # keys of the chosen backend (e.g. world, serper_base_url, cache_dir)
+    [env]                         # EnvConfig fields: tools, limits, image store, summariser
+    [rewards]                     # REWARD_KEYS: read by the reward code, not by the tool loop
+
+A wrong or unknown key is an error naming the file, the key and the known keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from ranger_jax.env import images, tools
+
+FILE_KEYS = ("description", "backend", "backend_options", "env", "rewards")
+
+# Reward settings an environment may carry (consumed by ranger_jax.rewards and evals).
+REWARD_KEYS: dict[str, type | tuple[type, ...]] = {
+    "kind": str,  # "sim" (exact offline rewards) or "judge" (K-Score style judges)
+    "text_coef": (int, float),  # α in R = (1 - α)·R_image + α·R_text
+    "max_ref_images": int,  # references sent to the generator
+    "min_ref_images": int,  # fewer valid references → reward 0
+    "min_visible_fraction": (int, float),  # sim: share of the target box a reference must show
+    "iou_threshold": (int, float),  # sim: crop IoU counted as a clean isolation
+    "judge_url": str,
+    "judge_model": str,
+    "generator_url": str,
+    "generator_model": str,
+}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EnvConfig:
+    """Tools and limits of one `ToolEnv` (defaults follow Gen-Searcher, reference/agent_protocol.md §8)."""
+
+    tools: tuple[str, ...] = tools.TOOL_NAMES  # enabled tools, canonical names
+    max_turns: int = 9  # policy turns before the forced final-answer turn
+    final_answer_turn: bool = True  # after max_turns, one "FINAL STEP" turn (else the episode ends: max_turns)
+    max_tool_calls: int = 8  # executed tool calls per episode; then the next turn is the final one
+    max_images_per_turn: int = 5  # images attached to one observation (image_search top_k cap)
+    max_queries: int = 3  # queries per text_search call
+    max_response_chars: int | None = None  # longer policy turns are treated as truncated (None: no limit)
+    max_observation_chars: int = 12_000  # tool output cut beyond this
+    max_page_chars: int = 8_000  # web_fetch text per call without a summariser
+    max_answer_refs: int = 5  # references kept from an answer
+    min_crop_side: int = images.DEFAULT_MIN_CROP_SIDE  # pixels
+    image_store: str | None = None  # image folder (None: a temporary folder owned by the env)
+    max_image_bytes: int = images.DEFAULT_MAX_IMAGE_BYTES  # encoded bytes of one image
+    max_image_pixels: int = images.DEFAULT_MAX_IMAGE_PIXELS  # decompression-bomb guard (width × height)
+    min_image_side: int = images.DEFAULT_MIN_IMAGE_SIDE  # smaller downloads are refused
+    summarizer_url: str | None = None  # OpenAI-compatible base URL incl. /v1; None: web_fetch returns page text
+    summarizer_model: str = "Qwen/Qwen3-VL-30B-A3B-Instruct"
+    summarizer_api_key: str | None = None
+    summarizer_max_tokens: int = 2048  # answer tokens per page chunk
+    summarizer_chunk_chars: int = 200_000  # page characters per summariser call
+    summarizer_cache_dir: str | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "tools", tuple(self.tools))
+        unknown = [t for t in self.tools if t not in tools.TOOL_NAMES]
+        if unknown or not self.tools:
+            raise ValueError(f"tools {list(self.tools)} must be a non-empty subset of {list(tools.TOOL_NAMES)}")
+        for name in ("max_turns", "max_tool_calls", "max_images_per_turn", "max_queries", "max_observation_chars",
+                     "max_page_chars", "max_answer_refs", "min_crop_side", "max_image_bytes", "max_image_pixels",
+                     "min_image_side", "summarizer_max_tokens", "summarizer_chunk_chars"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer; got {value!r}")
+        if self.max_response_chars is not None and (not isinstance(self.max_response_chars, int)
+                                                    or self.max_response_chars < 1):
+            raise ValueError(f"max_response_chars must be a positive integer or None; got {self.max_response_chars!r}")
+
+
+ENV_KEYS = tuple(f.name for f in dataclasses.fields(EnvConfig))
+
+
+def check_rewards(rewards: dict[str, Any], where: str) -> dict[str, Any]:
+    """Validates reward settings (names and types).
+
+    Raises:
+        ValueError: naming `where`, the key and the known keys.
+    """
+    for key, value in rewards.items():
+        if key not in REWARD_KEYS:
+            raise ValueError(f"{where}: unknown reward key {key!r}; known keys: {sorted(REWARD_KEYS)}")
+        expected = REWARD_KEYS[key]
+        if isinstance(value, bool) or not isinstance(value, expected):
+            raise ValueError(f"{where}: reward key {key!r} has the wrong type ({type(value).__name__}: {value!r})")
+    return dict(rewards)
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvFile:
+    """The parsed content of an `envs/*.toml` file."""
+
+    path: str
+    backend: str
+    backend_options: dict[str, Any]
+    env: dict[str, Any]
+    rewards: dict[str, Any]
+    description: str = ""
+
+
+def _table(path: Path, data: dict[str, Any], key: str) -> dict[str, Any]:
+    value = data.get(key, {})
+    if not isinstance(value, dict):
+        raise ValueError(f"{path}: {key!r} must be a table ([{key}]); got {type(value).__name__}")
+    return dict(value)
+
+
+def load_env_file(path: str | Path) -> EnvFile:
+    """Reads an environment file; key names of `[env]` and `[rewards]` are checked here, backend keys by `make`.
+
+    Raises:
+        FileNotFoundError: naming the path.
+        ValueError: bad TOML or an unknown key, naming the file and the key.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"environment file {path} does not exist")
+    try:
+        data = tomllib.loads(path.read_text("utf-8"))
+    except tomllib.TOMLDecodeError as err:
+        raise ValueError(f"{path}: not valid TOML ({err})") from err
+    for key in data:
+        if key not in FILE_KEYS:
+            raise ValueError(f"{path}: unknown key {key!r}; known top-level keys: {list(FILE_KEYS)}")
+    backend = data.get("backend")
+    if not isinstance(backend, str):
+        raise ValueError(f"{path}: 'backend' must name a backend (e.g. \"offline\" or \"live\"); got {backend!r}")
+    env = _table(path, data, "env")
+    for key in env:
+        if key not in ENV_KEYS:
+            raise ValueError(f"{path}: unknown key {key!r} in [env]; known keys: {list(ENV_KEYS)}")
+    rewards = check_rewards(_table(path, data, "rewards"), str(path))
+    description = data.get("description", "")
+    if not isinstance(description, str):
+        raise ValueError(f"{path}: 'description' must be a string")
+    return EnvFile(path=str(path), backend=backend, backend_options=_table(path, data, "backend_options"),
+                   env=env, rewards=rewards, description=description)
+
+
+def env_config(values: dict[str, Any], where: str) -> EnvConfig:
+    """An EnvConfig from option values (lists become tuples).
+
+    Raises:
+        ValueError: naming `where` and the problem.
+    """
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+    try:
+        return EnvConfig(**values)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{where}: {err}") from err

@@ -1,0 +1,75 @@
+"""The text the environment shows the policy: system prompt, tool block, and the fixed control messages."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import Any
+
+_ROLE = """You prepare requests for an image generator. The user asks for a picture of something that may be new, \
+obscure or easy to confuse with similar things. Use the tools to find the missing facts and clean visual \
+references, then hand over a generation-ready prompt grounded in what you found."""
+
+_RULES = """# How to respond
+Every turn: optionally think inside <think>...</think>, then output exactly ONE of:
+- one tool call: <tool_call>
+{{"name": <tool name>, "arguments": {{...}}}}
+</tool_call>
+- the final answer: <answer>
+{{"gen_prompt": "...", "reference_images": [{{"img_id": "IMG_001", "note": "what this image shows"}}]}}
+</answer>
+Never put two tool calls, or a tool call and an answer, in one turn. Tool results come back in \
+<tool_response>...</tool_response>.
+
+# Working rules
+- Locate: text_search for names, dates, editions, credits and distinguishing details.
+- Corroborate: use image_search at least once. Look-alikes (earlier editions, other colourways, sibling products) \
+often rank first; check each candidate against several sources before you trust it.
+- Isolate: when the subject sits in a crowded photo, crop_image it with a normalised box [x0, y0, x1, y1] \
+(fractions 0-1 of width and height); the crop gets a new image id you can cite.
+- web_fetch reads a page when snippets are not enough.
+- Budget: at most {max_tool_calls} tool calls in total; use as few as you can and never repeat a query.
+- Images are identified only by ids like IMG_007 (ids need not start at 001). Cite ids, never URLs or paths.
+- Answer: gen_prompt describes the picture to generate and refers to references as "the first reference image", \
+"the second reference image", ... in the order of reference_images; list at most {max_refs} references, \
+sorted by id, one per distinct subject, no duplicates.
+- A message saying FINAL STEP means: no more tools, output the <answer> now. A message saying RESPONSE TOO LONG \
+means: skip the thinking and output only the tool call or the answer."""
+
+_TOOLS_HEADER = """# Tools
+
+You may call one of the following functions per turn.
+
+You are provided with function signatures within <tools></tools> XML tags:
+<tools>"""
+
+FINAL_STEP = ("FINAL STEP: you have no tool calls left. Do not think and do not call tools; output only "
+              '<answer>{"gen_prompt": "...", "reference_images": [{"img_id": "IMG_###", "note": "..."}]}</answer> '
+              "now, citing only image ids you have seen.")
+RESPONSE_TOO_LONG = ("=== RESPONSE TOO LONG === Your last response was cut off at the length limit and was not "
+                     "executed. Skip the thinking and output only the <tool_call> or the <answer> JSON.")
+INVALID_FORMAT = ("Error: Invalid format. You MUST output exactly one of <tool_call>{{...}}</tool_call> or "
+                  "<answer>{{...}}</answer> after your thinking. Problem: {problem}")
+
+
+def tool_block(schemas: list[dict[str, Any]]) -> str:
+    """The Hermes-style `# Tools` block: one JSON schema per line inside `<tools></tools>`."""
+    lines = [_TOOLS_HEADER, *(json.dumps(s, ensure_ascii=False) for s in schemas), "</tools>"]
+    lines.append("\nFor the function call, return a json object with function name and arguments within "
+                 "<tool_call></tool_call> XML tags:\n<tool_call>\n"
+                 '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')
+    return "\n".join(lines)
+
+
+def system_prompt(schemas: list[dict[str, Any]], *, today: dt.date, max_tool_calls: int, max_refs: int) -> str:
+    """The full system prompt: role, protocol rules, tool block and today's date."""
+    rules = _RULES.format(max_tool_calls=max_tool_calls, max_refs=max_refs)
+    return f"{_ROLE}\n\n{rules}\n\n{tool_block(schemas)}\n\nToday's date: {today.isoformat()}"
+
+
+def tool_response(body: str) -> str:
+    return f"<tool_response>\n{body}\n</tool_response>"
+
+
+def invalid_format(problem: str) -> str:
+    return INVALID_FORMAT.format(problem=problem)
