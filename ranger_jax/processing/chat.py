@@ -107,6 +107,11 @@ class _Builder:
         self.ids.extend(ids)
         self.mask.extend([trained] * len(ids))
 
+    def add_image(self, grid: np.ndarray, count: int, pad_id: int) -> None:
+        self.spans.append((len(self.ids), count))
+        self.grids.append(grid)
+        self.add([pad_id] * count, trained=False)
+
     def build(self) -> Rendered:
         return Rendered(
             ids=np.asarray(self.ids, np.int32),
@@ -155,8 +160,6 @@ class ChatRenderer:
         self._generation_prompt = tokenizer.encode("<|im_start|>assistant\n")
         self._newline = tokenizer.encode("\n")
 
-    # ---- whole conversations -------------------------------------------------------------------------
-
     def render(
         self,
         messages: Sequence[Mapping[str, Any]],
@@ -182,6 +185,8 @@ class ChatRenderer:
             ValueError: naming the message, when the image parts and grids disagree in number, a role or
                 part is not supported, or supplied text contains vision tokens.
         """
+        if not messages:
+            raise ValueError("messages is empty")
         grids = _as_grids(images_grid_thw)
         num_parts = sum(
             1 for m in messages if isinstance(m.get("content"), list)
@@ -191,8 +196,6 @@ class ChatRenderer:
             raise ValueError(
                 f"messages hold {num_parts} image parts but images_grid_thw has {len(grids)} rows"
             )
-        if not messages:
-            raise ValueError("messages is empty")
         builder, next_grid = _Builder(), iter(grids)
         has_system = messages[0].get("role") == "system"
         if tools:
@@ -220,7 +223,7 @@ class ChatRenderer:
                 builder.add([self.tokenizer.im_end_id], trained=True)
                 builder.add(self._newline, trained=False)
             elif role == "tool":
-                pieces: list[str | _Image] = ["<|im_start|>user"]
+                pieces = ["<|im_start|>user"]
                 first = index
                 while index < len(messages) and messages[index].get("role") == "tool":
                     pieces += ["\n" + TOOL_RESPONSE_START, *self._pieces(messages[index], index), TOOL_RESPONSE_END]
@@ -238,8 +241,6 @@ class ChatRenderer:
         if add_generation_prompt:
             builder.add(self._generation_prompt, trained=False)
         return builder.build()
-
-    # ---- incremental pieces for rollouts ----------------------------------------------------------------
 
     def render_prefix(
         self,
@@ -301,8 +302,6 @@ class ChatRenderer:
     def image_token_count(self, grid_thw: Any) -> int:
         """Placeholders one image of `grid_thw` takes."""
         return image_lib.image_token_count(grid_thw, merge_size=self.merge_size)
-
-    # ---- internals -------------------------------------------------------------------------------------
 
     def _plain(self, ids: Sequence[int], *, trained: bool) -> Rendered:
         builder = _Builder()
@@ -393,13 +392,10 @@ class ChatRenderer:
                 f"text of {where} contains {tok.id_to_token(extra)!r}; vision tokens may only come from image "
                 "parts (strip them from the text)"
             )
-        for token_id in ids:
-            if token_id != tok.image_pad_id:
-                builder.ids.append(token_id)
-                builder.mask.append(False)
-                continue
+        start = 0
+        for pos in [i for i, token_id in enumerate(ids) if token_id == tok.image_pad_id]:
+            builder.add(ids[start:pos], trained=False)
             grid = next(next_grid)
-            count = self.image_token_count(grid)
-            builder.spans.append((len(builder.ids), count))
-            builder.grids.append(grid)
-            builder.add([tok.image_pad_id] * count, trained=False)
+            builder.add_image(grid, self.image_token_count(grid), tok.image_pad_id)
+            start = pos + 1
+        builder.add(ids[start:], trained=False)
