@@ -132,7 +132,7 @@ class ImageStore:
         except ImageRejected:
             raise
         except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
-            raise ImageRejected(f"image from {source} is a decompression bomb: {err}") from err
+            raise ImageRejected(f"image from {source} trips the decompression-bomb guard: {err}") from err
         except Exception as err:  # PIL raises many types for corrupt data (OSError, SyntaxError, ValueError, ...)
             raise ImageRejected(f"bytes from {source} are not a readable image ({type(err).__name__}: {err})") from err
         if min(width, height) < self.min_side:

@@ -240,16 +240,21 @@ class ToolRunner:
         try:
             bbox, box = images.check_bbox(call.bbox, width=parent.width, height=parent.height,
                                           min_side=self.config.min_crop_side)
-            stored = self.store.crop(parent.path, parent.sha256, box)
-        except (ValueError, OSError) as err:
-            info["error"] = type(err).__name__
+        except ValueError as err:
+            info["error"] = "bbox"
             return ToolResult(body=f"Cannot crop {call.img_id}: {err}", info=info)
         root_box = images.compose_root_box(parent.root_box, box)
         key = f"crop:{parent.root_url or parent.sha256}#{','.join(f'{v:g}' for v in root_box)}"
+        if key not in ledger.keys:  # the same region again keeps its id and skips the work
+            try:
+                stored = self.store.crop(parent.path, parent.sha256, box)
+            except OSError as err:
+                info["error"] = type(err).__name__
+                return ToolResult(body=f"Cannot crop {call.img_id}: the image file is unreadable ({err})", info=info)
         record = ledger.add(key, lambda img_id: core.ImageRecord(
             img_id=img_id, path=stored.path, sha256=stored.sha256, width=stored.width, height=stored.height,
-            page_url=parent.page_url, title=parent.title,
-            parent_id=call.img_id, root_url=parent.root_url, root_box=root_box))
+            page_url=parent.page_url, title=parent.title, parent_id=call.img_id, root_url=parent.root_url,
+            root_box=root_box))
         body = (f"{record.img_id}: crop of {call.img_id} at bbox [{', '.join(f'{v:g}' for v in bbox)}], "
                 f"{record.width}x{record.height} pixels")
         info.update(new_img_id=record.img_id, root_box=list(root_box))

@@ -56,6 +56,16 @@ class MemoryBackend:
         pass
 
 
+@pytest.fixture(scope="session")
+def make_png():
+    return png_bytes
+
+
+@pytest.fixture(scope="session")
+def memory_backend():
+    return MemoryBackend
+
+
 @pytest.fixture(scope="module")
 def corpus():
     """Blobs and hits for a small image world: 7 images, one corrupt, one HTML."""

@@ -1,0 +1,79 @@
+import datetime as dt
+
+import pytest
+
+from ranger_jax.env import parsing, tools
+
+TODAY = dt.date(2025, 12, 1)
+
+
+def check(name, **arguments):
+    return tools.check_call(parsing.ToolCall(name, arguments), today=TODAY, news=True)
+
+
+def test_canonical_calls():
+    assert check("text_search", queries=["a", "b", "a"], top_k=3) == tools.TextSearch(("a", "b"), 3)
+    assert check("image_search", query=" red tower ") == tools.ImageSearch("red tower", 5)
+    assert check("web_fetch", url="https://x.org/a", prompt="when?") == tools.WebFetch(("https://x.org/a",), "when?")
+    assert check("crop_image", img_id="img_3", bbox=[0, 0, 0.5, 0.5]) == tools.CropImage("IMG_003", [0, 0, 0.5, 0.5])
+
+
+def test_gen_searcher_aliases():
+    assert check("search", query="a") == tools.TextSearch(("a",), 5)
+    assert check("search", queries="a b", top_k=20.0) == tools.TextSearch(("a b",), tools.MAX_TEXT_TOP_K)
+    assert check("browse", url=["https://a.org", "https://b.org"], goal="g") == tools.WebFetch(
+        ("https://a.org", "https://b.org"), "g")
+    assert check("visit", url="https://a.org", query="q") == tools.WebFetch(("https://a.org",), "q")
+    assert check("image_search", queries=["tower"], top_k=99) == tools.ImageSearch("tower", 5)
+
+
+def test_date_filters():
+    assert check("text_search", queries=["a"], time_range="past week").tbs == "qdr:w"
+    assert check("image_search", query="a", time_range="month").tbs == "qdr:m"
+    tbs = "cdr:1,cd_min:11/01/2025,cd_max:11/30/2025"
+    assert check("text_search", queries=["a"], tbs=tbs, news=True) == tools.TextSearch(("a",), 5, tbs, True)
+
+
+@pytest.mark.parametrize("name, arguments, match", [
+    ("fly", {}, "unknown tool 'fly'.*text_search"),
+    ("text_search", {}, "needs 'queries'"),
+    ("text_search", {"queries": []}, "list of 1-3"),
+    ("text_search", {"queries": ["a", "b", "c", "d"]}, "at most 3"),
+    ("text_search", {"queries": [1]}, "non-empty string"),
+    ("text_search", {"queries": ["a"], "top_k": "five"}, "whole number"),
+    ("text_search", {"queries": ["a"], "top_k": True}, "whole number"),
+    ("text_search", {"queries": ["a"], "colour": "red"}, r"unknown argument\(s\) \['colour'\]"),
+    ("text_search", {"queries": ["a"], "query": "b"}, "only one of"),
+    ("text_search", {"queries": ["a"], "time_range": "decade"}, "time_range"),
+    ("text_search", {"queries": ["a"], "tbs": "2025-01-01"}, "not a date filter"),
+    ("text_search", {"queries": ["a"], "tbs": "qdr:w", "time_range": "day"}, "either"),
+    ("text_search", {"queries": ["a"], "news": "yes"}, "true or false"),
+    ("image_search", {"query": ["a", "b"]}, "one query"),
+    ("image_search", {"top_k": 3}, "needs 'query'"),
+    ("web_fetch", {"prompt": "x"}, "needs 'url'"),
+    ("web_fetch", {"url": "https://a.org"}, "needs 'prompt'"),
+    ("web_fetch", {"url": ["https://a.org"] * 6, "prompt": "x"}, "at most 5"),
+    ("crop_image", {"bbox": [0, 0, 1, 1]}, "needs 'img_id'"),
+    ("crop_image", {"img_id": "the cat", "bbox": [0, 0, 1, 1]}, "IMG_003"),
+    ("crop_image", {"img_id": "IMG_001"}, "needs 'bbox'"),
+])
+def test_argument_errors(name, arguments, match):
+    with pytest.raises(tools.ArgumentError, match=match):
+        check(name, **arguments)
+
+
+def test_disabled_tool_is_unknown():
+    with pytest.raises(tools.ArgumentError, match="available tools"):
+        tools.check_call(parsing.ToolCall("crop_image", {}), enabled=("text_search",), today=TODAY)
+
+
+def test_schemas_are_openai_function_tools():
+    schemas = tools.tool_schemas(news=False)
+    assert [s["function"]["name"] for s in schemas] == list(tools.TOOL_NAMES)
+    for schema in schemas:
+        assert schema["type"] == "function"
+        params = schema["function"]["parameters"]
+        assert params["type"] == "object" and set(params["required"]) <= set(params["properties"])
+    assert "news" not in schemas[0]["function"]["parameters"]["properties"]
+    assert "news" in tools.tool_schemas(news=True)[0]["function"]["parameters"]["properties"]
+    assert [s["function"]["name"] for s in tools.tool_schemas(tools=("crop_image",))] == ["crop_image"]
