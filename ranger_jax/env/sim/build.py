@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime as dt
+import hashlib
 import io
 import json
 import logging
@@ -262,7 +263,9 @@ def build_world(out: str | Path, num_tasks: int, seed: int, *, progress: bool = 
     by_id = {im.id: im for im in plan_images}
     for im in plan_images:
         host = im.page.url.split("/")[2]
-        im.url = f"https://media.{host}/img/{pages.slugify(im.main.name, 40)}-{im.id}.png"
+        # opaque CDN-style names: the URL must not tell which entity (or edition) the picture shows
+        digest = hashlib.sha256(f"{seed}:{im.id}".encode()).hexdigest()[:20]
+        im.url = f"https://media.{host}/img/{digest}.png"
 
     rows_images = []
     files = {}
