@@ -27,6 +27,7 @@ DEFAULT_TIMEOUT = httpx.Timeout(1800.0, connect=5.0)  # Gen-Searcher's inference
 DEFAULT_MAX_RETRIES = 2
 DEFAULT_MAX_CONCURRENCY = 20  # Gen-Searcher's GEN_API_CONCURRENCY default
 MAX_REFERENCES = 3  # MAX_REF_IMAGES_FOR_QWEN: the reward path sends the first 3 refs
+URL_PREFIXES = ("http://", "https://", "data:")
 _SIZE = re.compile(r"^([1-9][0-9]*)x([1-9][0-9]*)$")
 
 
@@ -75,6 +76,14 @@ def parse_size(size: str | tuple[int, int]) -> tuple[int, int]:
     if int(width) < 1 or int(height) < 1:
         raise ValueError(f"size must be two positive integers, got {size!r}")
     return int(width), int(height)
+
+
+def reference_url(reference: media.ImageLike | str) -> str:
+    """How a reference travels: `http(s)://` and `data:` URL strings as given, anything else (PIL image,
+    encoded bytes, a file path) as a lossless PNG data URL."""
+    if isinstance(reference, str) and reference.startswith(URL_PREFIXES):
+        return reference
+    return media.data_url(reference, fmt="PNG")
 
 
 def _failure(error: str, start: float, request: Mapping[str, Any]) -> GenerationResult:
@@ -159,7 +168,7 @@ class SGLangImageGenerator:
         if not used:
             facts["endpoint"] = self.session.url("v1/images/generations")
             return "v1/images/generations", {"json": fields}, facts
-        urls = [media.data_url(ref, fmt="PNG") for ref in used]
+        urls = [reference_url(ref) for ref in used]
         form = [(k, str(v)) for k, v in fields.items()] + [("url", u) for u in urls]
         facts["endpoint"] = self.session.url("v1/images/edits")
         # httpx sends multipart/form-data when `files` is given; the urls ride as repeated text fields
@@ -260,7 +269,7 @@ class GenSearcherGenerator:
         used = list(references)[: self.max_references]
         if not used:
             raise ValueError("the Gen-Searcher edit service needs at least one reference image, got 0")
-        body = {"image_urls": [media.data_url(r, fmt="PNG") for r in used], "prompt": prompt,
+        body = {"image_urls": [reference_url(r) for r in used], "prompt": prompt,
                 "seed": self.seed if seed is None else int(seed), "true_cfg_scale": self.true_cfg_scale,
                 "negative_prompt": self.negative_prompt, "num_inference_steps": self.num_inference_steps,
                 "guidance_scale": self.guidance_scale, "num_images_per_prompt": 1}
