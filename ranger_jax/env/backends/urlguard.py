@@ -99,8 +99,8 @@ def address_problem(ip: IPAddress) -> str | None:
         ("is_loopback", "loopback"),
         ("is_link_local", "link-local"),
         ("is_multicast", "multicast"),
-        ("is_private", "private"),
         ("is_reserved", "reserved"),
+        ("is_private", "private"),
     ):
         if getattr(ip, flag):
             return f"{name} address {ip}"

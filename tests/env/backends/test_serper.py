@@ -1,0 +1,113 @@
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+from support.loopback import LoopbackServer, Reply
+
+from ranger_jax.env.backends import base, serper
+
+FIXTURES = Path("/work/shared/fixtures")
+if not FIXTURES.is_dir():
+    FIXTURES = Path(__file__).resolve().parents[4] / "shared" / "fixtures"
+
+
+def fixture(name):
+    return json.loads((FIXTURES / f"serper_{name}_response.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def server():
+    with LoopbackServer() as srv:
+        for endpoint in ("search", "images", "news"):
+            srv.route("POST", f"/{endpoint}", lambda req, e=endpoint: Reply.json(fixture(e)))
+        yield srv
+
+
+def client(server, **kwargs):
+    kwargs.setdefault("api_key", "test-key")
+    return serper.SerperClient(base_url=server.url, **kwargs)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_search_parses_organic_and_strips_bold(server):
+    before = server.count("POST", "/search")
+    hits = run(client(server, gl="us").search("Halvorsen Point lighthouse", num=5, tbs="qdr:w"))
+    assert hits[0] == base.TextHit(title="Halvorsen Point Light - Harbor Heritage Trust",
+                                   url="https://harbor-heritage.example.org/lights/halvorsen-point",
+                                   snippet="History, keepers and visiting hours of the red lighthouse on the basalt "
+                                           "cliffs.", position=1)
+    assert hits[1].date == "Nov 14, 2025" and hits[1].title == "Storm damages Halvorsen Point gallery railing"
+    request = server.requests[-1]
+    assert server.count("POST", "/search") == before + 1
+    assert request.headers["X-API-KEY"] == "test-key"
+    assert request.json() == {"q": "Halvorsen Point lighthouse", "num": 5, "tbs": "qdr:w", "gl": "us"}
+
+
+def test_images_and_news(server):
+    images = run(client(server).images("Halvorsen Point lighthouse", num=20))
+    assert images[1] == base.ImageHit(title="Red lighthouse on basalt cliffs",
+                                      image_url="https://photos.example.com/u/88/halvorsen-cliff.png",
+                                      page_url="https://photos.example.com/u/88/p/4412", source="Example Photos",
+                                      width=1024, height=1536, position=2)
+    news = run(client(server).news("Halvorsen Point lighthouse", tbs="qdr:w"))
+    assert news[0].date == "3 days ago" and news[0].snippet.endswith("— Coastal News")
+    assert server.requests[-1].json()["tbs"] == "qdr:w"
+
+
+def test_429_with_retry_after_then_success(server):
+    server.fail_next("POST", "/search", Reply.json({"message": "Too many"}, status=429, headers={"Retry-After": "0"}))
+    before = server.count("POST", "/search")
+    hits = run(client(server).search("q429"))
+    assert len(hits) == 2 and server.count("POST", "/search") == before + 2
+
+
+def test_5xx_retried_then_success(server):
+    server.fail_next("POST", "/images", Reply(status=503, headers={"Retry-After": "0"}), Reply(status=502))
+    before = server.count("POST", "/images")
+    assert len(run(client(server).images("q5xx"))) == 2
+    assert server.count("POST", "/images") == before + 3
+
+
+def test_persistent_errors_become_backend_errors(server):
+    server.fail_next("POST", "/search", *[Reply(status=500, body=b"boom", headers={"Retry-After": "0"})] * 2)
+    with pytest.raises(base.BackendError, match=r"HTTP 500 from http://127\.0\.0\.1:\d+/search: boom"):
+        run(client(server, max_retries=1).search("q500"))
+    server.fail_next("POST", "/search", Reply.json({"message": "Unauthorized.", "statusCode": 403}, status=403))
+    with pytest.raises(base.SearchUnavailable, match=r"rejected the API key \(HTTP 403.*Unauthorized"):
+        run(client(server).search("q403"))
+    server.fail_next("POST", "/search", Reply.json({"message": "Query not allowed", "statusCode": 400}))
+    with pytest.raises(base.BackendError, match="Serper error from .*/search: Query not allowed"):
+        run(client(server).search("q200"))
+    server.fail_next("POST", "/news", Reply.json({"news": "oops"}))
+    with pytest.raises(base.BackendError, match="malformed 'news'"):
+        run(client(server).news("qbad"))
+
+
+def test_timeout_is_a_backend_error(server):
+    server.fail_next("POST", "/search", Reply.json(fixture("search"), delay_s=1.0))
+    with pytest.raises(base.BackendError, match="Serper unreachable.*ReadTimeout"):
+        run(client(server, timeout=0.2, max_retries=0).search("slow"))
+
+
+def test_missing_key_is_reported_without_a_request(server, monkeypatch):
+    monkeypatch.delenv(serper.API_KEY_ENV, raising=False)
+    before = len(server.requests)
+    with pytest.raises(base.SearchUnavailable, match="SERPER_API_KEY"):
+        run(serper.SerperClient(base_url=server.url).search("x"))
+    assert len(server.requests) == before
+    monkeypatch.setenv(serper.API_KEY_ENV, "from-env")
+    run(serper.SerperClient(base_url=server.url).search("x"))
+    assert server.requests[-1].headers["X-API-KEY"] == "from-env"
+
+
+def test_cache_replays_without_requests(server, tmp_path):
+    first = run(client(server, cache_dir=tmp_path).images("cached query", tbs="qdr:d"))
+    count = server.count()
+    again = run(client(server, cache_dir=tmp_path, api_key=None).images("cached query", tbs="qdr:d"))
+    assert again == first and server.count() == count
+    run(client(server, cache_dir=tmp_path).images("cached query", tbs="qdr:w"))  # different request → miss
+    assert server.count() == count + 1
