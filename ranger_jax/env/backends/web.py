@@ -47,7 +47,11 @@ _HTML_TYPES = ("text/html", "application/xhtml+xml")
 _TEXT_TYPES = ("text/plain", "text/markdown", "application/json", "text/csv", "application/xml", "text/xml")
 
 
-class BodyTooLarge(base.BackendError):
+class PermanentFetchError(base.BackendError):
+    """A fetch failure that repeating the request would not fix (4xx, wrong content type, too large); cached."""
+
+
+class BodyTooLarge(PermanentFetchError):
     def __init__(self, url: str, limit: int, size: int | None = None):
         self.url, self.limit, self.size = url, limit, size
         got = f"{size} bytes" if size is not None else f"more than {limit} bytes"
@@ -305,7 +309,8 @@ class WebFetcher:
         except TimeoutError as err:
             raise base.BackendError(f"fetching {url} timed out after {self.timeout_s:g} s") from err
         except http.StatusError as err:
-            raise base.BackendError(f"HTTP {err.status} from {err.url}") from err
+            kind = base.BackendError if http.is_retryable_status(err.status) else PermanentFetchError
+            raise kind(f"HTTP {err.status} from {err.url}") from err
         except http.ClientError as err:
             raise base.BackendError(str(err)) from err
         except httpx.HTTPError as err:
@@ -320,17 +325,24 @@ class WebFetcher:
         """
         key = {"url": url, "jina": self.jina_base_url is not None}
         if (hit := self._page_cache.get(key)) is not None:
+            if "error" in hit:
+                raise PermanentFetchError(hit["error"])
             return base.Page(**hit)
-        if self._jina is not None:
-            page = await self._read_with_jina(url)
-        else:
-            headers = {"User-Agent": self.user_agent, "Accept-Encoding": "gzip, deflate",
-                       "Accept": "text/html,application/xhtml+xml,text/plain;q=0.9,*/*;q=0.5"}
-            response = await self._get(url, headers, self.max_page_bytes, True)
-            page = self._page_from(response, url)
-            if response.extensions[_BODY_INFO].truncated:
-                page = dataclasses.replace(page, text=page.text + f"\n\n[page cut at {self.max_page_bytes} bytes]")
+        try:
+            page = await (self._read_with_jina(url) if self._jina is not None else self._read_directly(url))
+        except PermanentFetchError as err:
+            self._page_cache.put(key, {"error": str(err)})
+            raise
         self._page_cache.put(key, dataclasses.asdict(page))
+        return page
+
+    async def _read_directly(self, url: str) -> base.Page:
+        headers = {"User-Agent": self.user_agent, "Accept-Encoding": "gzip, deflate",
+                   "Accept": "text/html,application/xhtml+xml,text/plain;q=0.9,*/*;q=0.5"}
+        response = await self._get(url, headers, self.max_page_bytes, True)
+        page = self._page_from(response, url)
+        if response.extensions[_BODY_INFO].truncated:
+            page = dataclasses.replace(page, text=page.text + f"\n\n[page cut at {self.max_page_bytes} bytes]")
         return page
 
     async def _read_with_jina(self, url: str) -> base.Page:
@@ -355,8 +367,8 @@ class WebFetcher:
         if media in _TEXT_TYPES or media.startswith("text/"):
             return base.Page(url=final_url, title="", text=response.text.strip())
         if media.startswith("image/"):
-            raise base.BackendError(f"{url} is an image ({media}), not a page")
-        raise base.BackendError(f"{url} has content-type {media or '(none)'!r}, which cannot be read as text")
+            raise PermanentFetchError(f"{url} is an image ({media}), not a page")
+        raise PermanentFetchError(f"{url} has content-type {media or '(none)'!r}, which cannot be read as text")
 
     async def fetch_image(self, url: str, *, page_url: str | None = None) -> base.FetchedImage:
         """The encoded bytes of the image at `url` (content type image/*, size within limits).
@@ -367,22 +379,17 @@ class WebFetcher:
         """
         key = {"url": url}
         if (hit := self._image_cache.get(key)) is not None and self._blob_dir is not None:
+            if "error" in hit:
+                raise PermanentFetchError(hit["error"])
             blob = self._blob_dir / hit["sha256"][:2] / hit["sha256"]
             if blob.exists():
                 return base.FetchedImage(url=url, data=blob.read_bytes(), content_type=hit["content_type"],
                                          page_url=page_url)
-        referer = page_url or "{0.scheme}://{0.netloc}/".format(urllib.parse.urlsplit(url))
-        headers = {"User-Agent": self.user_agent, "Referer": referer, "Accept": "image/*,*/*;q=0.5",
-                   "Accept-Encoding": "gzip, deflate"}
-        response = await self._get(url, headers, self.max_image_bytes, False)
-        media = _media_type(response)
-        if not media.startswith("image/"):
-            raise base.BackendError(f"{url} is not an image (content-type {media or '(none)'!r})")
-        if media == "image/svg+xml":
-            raise base.BackendError(f"{url} is an SVG drawing, which is not supported")
-        data = response.content
-        if len(data) < self.min_image_bytes:
-            raise base.BackendError(f"{url} is too small to be a picture ({len(data)} bytes < {self.min_image_bytes})")
+        try:
+            data, media = await self._download(url, page_url)
+        except PermanentFetchError as err:
+            self._image_cache.put(key, {"error": str(err)})
+            raise
         if self._blob_dir is not None:
             sha = hashlib.sha256(data).hexdigest()
             blob = self._blob_dir / sha[:2] / sha
@@ -390,6 +397,21 @@ class WebFetcher:
                 cache_lib.write_atomic(blob, data)
             self._image_cache.put(key, {"sha256": sha, "content_type": media})
         return base.FetchedImage(url=url, data=data, content_type=media, page_url=page_url)
+
+    async def _download(self, url: str, page_url: str | None) -> tuple[bytes, str]:
+        referer = page_url or "{0.scheme}://{0.netloc}/".format(urllib.parse.urlsplit(url))
+        headers = {"User-Agent": self.user_agent, "Referer": referer, "Accept": "image/*,*/*;q=0.5",
+                   "Accept-Encoding": "gzip, deflate"}
+        response = await self._get(url, headers, self.max_image_bytes, False)
+        media = _media_type(response)
+        if not media.startswith("image/"):
+            raise PermanentFetchError(f"{url} is not an image (content-type {media or '(none)'!r})")
+        if media == "image/svg+xml":
+            raise PermanentFetchError(f"{url} is an SVG drawing, which is not supported")
+        if len(response.content) < self.min_image_bytes:
+            raise PermanentFetchError(f"{url} is too small to be a picture ({len(response.content)} bytes < "
+                                      f"{self.min_image_bytes})")
+        return response.content, media
 
     async def aclose(self) -> None:
         await self._web.aclose()

@@ -153,6 +153,14 @@ def test_cache_replays_pages_and_images(servers, tmp_path):
     assert run(fetcher(srv, cache_dir=tmp_path).fetch_page(f"{srv.url}/page.html")) == first_page
     assert run(fetcher(srv, cache_dir=tmp_path).fetch_image(f"{srv.url}/img.png")).data == first_image.data
     assert srv.count() == count
+    for _ in range(2):  # a permanent failure replays from the cache too; a transient one is asked again
+        with pytest.raises(web.PermanentFetchError, match="not an image"):
+            run(fetcher(srv, cache_dir=tmp_path).fetch_image(f"{srv.url}/img-html"))
+    assert srv.count() == count + 1
+    srv.fail_next("GET", "/plain.txt", Reply(status=503))
+    with pytest.raises(base.BackendError, match="HTTP 503"):
+        run(fetcher(srv, cache_dir=tmp_path, max_retries=0).fetch_page(f"{srv.url}/plain.txt"))
+    assert run(fetcher(srv, cache_dir=tmp_path).fetch_page(f"{srv.url}/plain.txt")).text.startswith("just text")
 
 
 def test_jina_reader(servers):

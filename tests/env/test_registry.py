@@ -1,0 +1,96 @@
+import json
+
+import pytest
+
+from ranger_jax import env
+from ranger_jax.env import config as config_lib
+from ranger_jax.env.backends import live
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    from ranger_jax.env.sim import build
+
+    out = tmp_path_factory.mktemp("world")
+    build.main(["--out", str(out), "--tasks", "2", "--seed", "3"])
+    return out
+
+
+def write(tmp_path, text, name="e.toml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.mark.parametrize("name", ["envs/savanna_live.toml", "envs/knowgen_live.toml"])
+def test_shipped_live_files_load(name):
+    with env.make(name, max_turns=4, cache_dir=None) as tool_env:
+        assert isinstance(tool_env.backend, live.LiveBackend)
+        assert tool_env.config.max_turns == 4 and tool_env.config.max_tool_calls == 8
+        assert tool_env.rewards["kind"] == "judge"
+
+
+def test_shipped_sim_file_and_offline_name(world):
+    with env.make("envs/savanna_sim.toml", world=str(world)) as tool_env:
+        task_row = json.loads((world / "tasks.jsonl").read_text().splitlines()[0])
+        task = env.Task(task_row["id"], task_row["prompt"])
+        assert tool_env.reset(task).today == tool_env.backend.today  # the world's own date
+        assert tool_env.rewards["kind"] == "sim"
+        state, obs = tool_env.step(tool_env.reset(task), '<tool_call>{"name": "image_search", "arguments": '
+                                                        f'{{"query": "{task_row["target_name"]}"}}}}</tool_call>')
+        assert obs.images and state.images["IMG_001"].root_url == state.images["IMG_001"].url
+    with env.make("offline", world=str(world), max_tool_calls=3) as tool_env:
+        assert tool_env.config.max_tool_calls == 3
+
+
+def test_options_override_the_file(tmp_path):
+    path = write(tmp_path, 'backend = "live"\n[backend_options]\nfetch_timeout_s = 9.0\n'
+                           '[env]\nmax_turns = 3\ntools = ["text_search", "crop_image"]\n[rewards]\ntext_coef = 0.2\n')
+    with env.make(path, max_turns=6, text_coef=0.7, fetch_timeout_s=2.0, max_image_bytes=12345) as tool_env:
+        assert tool_env.config.max_turns == 6 and tool_env.config.tools == ("text_search", "crop_image")
+        assert tool_env.rewards["text_coef"] == 0.7 and tool_env.backend.fetcher.timeout_s == 2.0
+        assert tool_env.store.max_bytes == 12345 == tool_env.backend.fetcher.max_image_bytes
+        assert [s["function"]["name"] for s in tool_env.tool_schemas()] == ["text_search", "crop_image"]
+
+
+@pytest.mark.parametrize("text, match", [
+    ('backend = "live"\nbackground = 1\n', r"unknown key 'background'; known top-level keys"),
+    ('backend = "live"\n[env]\nmax_turn = 3\n', r"unknown key 'max_turn' in \[env\]; known keys: \['tools'"),
+    ('backend = "live"\n[backend_options]\nworld = "x"\n',
+     r"unknown key 'world' in \[backend_options\] for backend 'live'; known keys: \['serper_api_key'"),
+    ('backend = "offline"\n[backend_options]\nserper_base_url = "x"\n', r"unknown key 'serper_base_url'"),
+    ('backend = "live"\n[rewards]\nalpha = 0.5\n', r"unknown reward key 'alpha'; known keys"),
+    ('backend = "live"\n[rewards]\ntext_coef = "high"\n', r"reward key 'text_coef' has the wrong type"),
+    ('backend = "live"\n[env]\nmax_turns = 0\n', r"max_turns must be a positive integer; got 0"),
+    ('backend = "live"\n[env]\ntools = ["search"]\n', r"must be a non-empty subset"),
+    ('backend = "web"\n', r"unknown backend 'web'; known backends: \['live', 'offline'\]"),
+    ('[env]\nmax_turns = 3\n', r"'backend' must name a backend"),
+    ('backend = "live"\nenv = 3\n', r"'env' must be a table"),
+    ('backend = "live"\n[env\n', r"not valid TOML"),
+])
+def test_bad_files_name_the_file_and_key(tmp_path, text, match):
+    path = write(tmp_path, text)
+    with pytest.raises(ValueError, match=match) as info:
+        env.make(path)
+    assert path in str(info.value)
+
+
+def test_bad_names_and_options():
+    with pytest.raises(ValueError, match=r"unknown environment 'web'; use one of \['live', 'offline'\]"):
+        env.make("web")
+    with pytest.raises(FileNotFoundError, match="envs/nope.toml does not exist"):
+        env.make("envs/nope.toml")
+    with pytest.raises(ValueError, match=r"env 'live': unknown option 'wrld'"):
+        env.make("live", wrld="x")
+    with pytest.raises(ValueError, match=r"backend 'offline' needs option\(s\) \['world'\]"):
+        env.make("offline")
+    with pytest.raises(ValueError, match="max_tool_calls must be a positive integer"):
+        env.make("live", max_tool_calls=-1)
+    with pytest.raises(ValueError, match="allow_hosts entries"):
+        env.make("live", allow_hosts=("",))
+
+
+def test_every_option_name_has_one_home():
+    env_keys, reward_keys = set(config_lib.ENV_KEYS), set(config_lib.REWARD_KEYS)
+    assert not env_keys & reward_keys
+    assert set(live.LIVE_OPTIONS) & (env_keys | reward_keys) == {"max_image_bytes"}  # shared on purpose
