@@ -31,16 +31,20 @@ from ranger_jax.env.sim import bm25
 from ranger_jax.env.sim.detector import Detection, OracleDetector
 from ranger_jax.env.sim.world import box_area
 
-MAX_FETCHES = 3
+# Tool budget: at most 2 + 3 + 2 + 1 = 8 calls, the environment's default limit.
 MAX_TEXT_SEARCHES = 2
-MAX_IMAGE_SEARCHES = 3
+MAX_FETCHES = 3
+MAX_IMAGE_SEARCHES = 2
 RECENT_DAYS = 45  # a release this recent counts as "new"
 RECENCY_CUES = ("new", "latest", "newest", "just-released", "just released", "revealed", "this week",
                 "last week", "days ago", "weeks ago", "recent", "brand-new")
-_LAUNCH_WORDS = frozenset("unveils unveiled reveals revealed official first look vs arrives".split())
+# Headlines and snippets of launch articles and side-by-side pieces, the pages that carry fact sheets.
+_LAUNCH = re.compile(r"\b(unveils|unveiled|reveals|revealed|official|officially|first look|arrives|vs|what changed|"
+                     r"side by side|goes on sale)\b", re.IGNORECASE)
 
 _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
-_TEXT_HIT = re.compile(r"^\d+\. \[(?P<title>[^\]]*)\]\((?P<url>[^)\s]+)\)(?: \((?P<date>[^)]*)\))?$", re.MULTILINE)
+_TEXT_HIT = re.compile(r"^\d+\. \[(?P<title>[^\]]*)\]\((?P<url>[^)\s]+)\)(?: \((?P<date>[^)]*)\))?\n(?P<snippet>.*)$",
+                       re.MULTILINE)
 _FACT_SHEET = re.compile(
     r"Fact sheet\nName: (?P<name>.+)\nSeries: (?P<series>.+)\nRelease date: (?P<released>\d{4}-\d{2}-\d{2})\n"
     r"Colours: (?P<primary>[\w-]+), (?P<secondary>[\w-]+)\nPattern: (?P<pattern>[\w-]+)\nEmblem: (?P<emblem>\S+)"
@@ -154,7 +158,8 @@ class ExpertAgent:
                 for m in _TEXT_HIT.finditer(turn.response):
                     if m["url"] not in seen:
                         seen.add(m["url"])
-                        hits.append({"title": m["title"], "url": m["url"], "date": m["date"] or ""})
+                        hits.append({"title": m["title"], "url": m["url"], "date": m["date"] or "",
+                                     "snippet": m["snippet"]})
         return hits
 
     @staticmethod
@@ -222,15 +227,16 @@ class ExpertAgent:
                 words = set(bm25.tokenize(subject))
 
                 def priority(hit: dict[str, str]) -> tuple:
-                    title = set(bm25.tokenize(hit["title"]))
-                    return (len(words & title), bool(title & _LAUNCH_WORDS), hit["date"] if recent else "")
+                    launch = bool(_LAUNCH.search(hit["title"]) or _LAUNCH.search(hit["snippet"]))
+                    overlap = len(words & set(bm25.tokenize(hit["title"])))
+                    return (overlap, launch, hit["date"] if recent else "")
 
                 hit = max(todo, key=priority)
                 return tool_call("web_fetch", {"url": hit["url"], "prompt": f"name, release date, colours, pattern "
                                                                            f"and emblem of the {subject}"},
                                  f"'{hit['title']}' ({hit['date'] or 'undated'}) looks like the best source for the "
                                  "exact release and its distinguishing details; I read it.")
-            if len(searches) < MAX_TEXT_SEARCHES:
+            if len(fetched) < MAX_FETCHES and len(searches) < MAX_TEXT_SEARCHES:
                 return tool_call("text_search", {"queries": [f"{subject} release date", f"{subject} revealed"],
                                                  "top_k": 10},
                                  "The pages so far do not settle which release is meant; I widen the search.")
@@ -267,8 +273,7 @@ class ExpertAgent:
                              f"The {release.name} came out on {release.released}: {release.primary} with "
                              f"{release.secondary} {release.pattern}, emblem {release.emblem}. Earlier editions look "
                              "alike, so I search images published since its release.")
-        query = (f"{release.name} {release.primary} {release.secondary} {release.pattern}" if len(done) == 1
-                 else f"{release.series} {release.emblem}")
+        query = f"{release.name} {release.primary} {release.secondary} {release.pattern}"
         return tool_call("image_search", {"query": query},
                          f"None of the images so far shows {release.emblem} on {release.primary} with "
                          f"{release.secondary} {release.pattern}; they are look-alikes. I search more widely.")
