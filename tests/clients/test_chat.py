@@ -43,13 +43,20 @@ class ChatServer:
         return Reply.json(self.replies.pop(0) if self.replies else FIXTURE)
 
 
-@pytest.fixture()
-def server():
-    handler = ChatServer()
+@pytest.fixture(scope="module")
+def loopback():
     with LoopbackServer() as s:
-        s.route("POST", "/v1/chat/completions", handler)
-        s.handler = handler
         yield s
+
+
+@pytest.fixture()
+def server(loopback):
+    """The module's server with a fresh handler; `calls()` counts requests made during this test."""
+    loopback.handler = ChatServer()
+    loopback.route("POST", "/v1/chat/completions", loopback.handler)
+    start = loopback.count()
+    loopback.calls = lambda: loopback.count() - start
+    return loopback
 
 
 def client_for(server, **kwargs):
@@ -76,7 +83,7 @@ def test_json_schema_400_falls_back_to_json_object_and_remembers(server):
     assert [(b.get("response_format") or {}).get("type") for b in server.handler.bodies] == ["json_schema", "json_object"]
     client.complete([{"role": "user", "content": "y"}], response_format=SCHEMA)
     assert server.handler.bodies[-1]["response_format"] == {"type": "json_object"}  # no second 400
-    assert server.count() == 3
+    assert server.calls() == 3
 
 
 def test_falls_back_to_plain_text_and_lenient_json(server):
@@ -91,7 +98,7 @@ def test_a_400_that_is_not_about_the_format_is_raised(server):
     server.handler.reject = {"json_schema", "json_object", None}
     with pytest.raises(http.StatusError, match="HTTP 400 .*response_format None is not supported"):
         client_for(server).complete([{"role": "user", "content": "x"}], response_format=SCHEMA)
-    assert server.count() == 3
+    assert server.calls() == 3
 
 
 def test_retries_429_and_5xx_then_raises_with_url(server):
@@ -149,7 +156,7 @@ def test_async_complete_and_concurrency(server):
         await client.aclose()
         return results
 
-    assert len(asyncio.run(run())) == 5 and server.count() == 5
+    assert len(asyncio.run(run())) == 5 and server.calls() == 5
 
 
 def test_malformed_bodies_name_the_problem(server):

@@ -1,6 +1,7 @@
 """The shared retry loop, error tree and Session, against a real loopback server."""
 import asyncio
 import email.utils
+import socket
 import threading
 import time
 
@@ -61,9 +62,14 @@ def test_non_retryable_status_raises_at_once(server):
     assert calls() == 1 and not isinstance(info.value, http.RateLimited)
 
 
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def test_transport_failure_names_url():
-    with LoopbackServer() as gone:
-        url = f"{gone.url}/x"
+    url = f"http://127.0.0.1:{closed_port()}/x"
     with httpx.Client() as client, pytest.raises(http.TransportFailed, match=r"request to http://127\.0\.0\.1:\d+/x failed: ConnectError"):
         http.request_with_retries(client, "GET", url, max_retries=1, sleep=lambda s: None)
 

@@ -43,7 +43,8 @@ def edits_handler(req):
         return Reply.json({"detail": "Field 'image' or 'url' is required"}, status=422)
     if any(not u.startswith(("data:image/", "http://", "https://")) for u in urls):
         return Reply.json({"detail": "Failed to process image source: Unsupported image url format"}, status=400)
-    first = Image.open(io.BytesIO(media.decode_data_url(urls[0])[1])).getpixel((0, 0))
+    first = (Image.open(io.BytesIO(media.decode_data_url(urls[0])[1])).getpixel((0, 0))
+             if urls[0].startswith("data:") else (0, 0, 0))
     return Reply.json({"id": "x", "created": 1, "data": [{"b64_json": b64_png(first, fmt="JPEG"), "url": None}]})
 
 
@@ -108,15 +109,12 @@ def test_http_failures_become_failed_results(server, generator, path, reply, exp
     assert generator.generate("a prompt", refs).ok  # nothing scripted is left over
 
 
-def test_server_validation_of_a_bad_url_is_reported():
-    with LoopbackServer() as s:
-        s.route("POST", "/v1/images/edits", edits_handler)
-        generator = images.SGLangImageGenerator(s.url)
-        result = generator.generate("x", ["data:text/plain;base64,aGk="])
-        assert not result.ok and "Unsupported image url format" in result.error
-        assert generator.generate("x", ["https://example.com/ref.png"]).error is not None  # sent as given
-        assert dict(form_fields(s.requests[-1]))["url"] == "https://example.com/ref.png"
-        assert "image file /no/such.png does not exist" in generator.generate("x", ["/no/such.png"]).error
+def test_url_references_pass_through_and_bad_ones_are_reported(server, generator):
+    result = generator.generate("x", ["data:text/plain;base64,aGk="])
+    assert not result.ok and "Unsupported image url format" in result.error
+    assert generator.generate("x", ["https://example.com/ref.png"]).ok
+    assert dict(form_fields(server.requests[-1]))["url"] == "https://example.com/ref.png"
+    assert "image file /no/such.png does not exist" in generator.generate("x", ["/no/such.png"]).error
 
 
 def test_500_then_success_is_retried(server, generator):
