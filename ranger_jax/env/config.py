@@ -62,6 +62,7 @@ class EnvConfig:
     summarizer_api_key: str | None = None
     summarizer_max_tokens: int = 2048  # answer tokens per page chunk
     summarizer_chunk_chars: int = 200_000  # page characters per summariser call
+    summarizer_max_retries: int = 2  # retries of one summariser call; on failure web_fetch returns page text
     summarizer_cache_dir: str | None = None
 
     def __post_init__(self):
@@ -75,6 +76,9 @@ class EnvConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer; got {value!r}")
+        if isinstance(self.summarizer_max_retries, bool) or not isinstance(self.summarizer_max_retries, int) \
+                or self.summarizer_max_retries < 0:
+            raise ValueError(f"summarizer_max_retries must be an integer >= 0; got {self.summarizer_max_retries!r}")
         if self.max_response_chars is not None and (not isinstance(self.max_response_chars, int)
                                                     or self.max_response_chars < 1):
             raise ValueError(f"max_response_chars must be a positive integer or None; got {self.max_response_chars!r}")

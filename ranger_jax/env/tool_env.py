@@ -124,7 +124,8 @@ class ToolEnv:
         reader = None
         if self.config.summarizer_url:
             client = chat.ChatClient(self.config.summarizer_url, model=self.config.summarizer_model,
-                                     api_key=self.config.summarizer_api_key, cache_dir=self.config.summarizer_cache_dir)
+                                     api_key=self.config.summarizer_api_key, cache_dir=self.config.summarizer_cache_dir,
+                                     max_retries=self.config.summarizer_max_retries)
             reader = summarizer.PageSummarizer(client, max_tokens=self.config.summarizer_max_tokens,
                                                chunk_chars=self.config.summarizer_chunk_chars)
         self.runner = tool_runner.ToolRunner(backend, self.store, self.config, reader)

@@ -129,6 +129,10 @@ def test_summariser_answers_from_the_page(web):
     body = web.requests[-1].json()
     assert body["model"] == "reader" and body["temperature"] == 0.0
     assert "Which pattern?" in body["messages"][1]["content"] and "black checks" in body["messages"][1]["content"]
+    web.fail_next("POST", "/v1/chat/completions", Reply(status=500, body=b"reader down"))
+    with make(web, summarizer_url=f"{web.url}/v1", summarizer_max_retries=0) as tool_env:
+        state, obs = tool_env.step(tool_env.reset(TASK), call("web_fetch", url=f"{web.url}/news/a.html", prompt="x"))
+    assert "black checks on a red back" in obs.text and "Answer from the page" not in obs.text
 
 
 def test_failures_become_observations(web, monkeypatch):

@@ -1,24 +1,22 @@
-"""Fetching pages and images from the open web: guarded transport, byte caps, HTML to text, Jina reader.
+"""Fetching pages and images from the open web: HTML to text (trafilatura), Jina reader, image bytes, replay cache.
 
-Every request goes through `GuardedTransport`, which follows redirects itself so that the URL guard checks every
-hop, connects to the address the guard checked (no second DNS lookup an attacker could rebind), decodes
-gzip/deflate bodies itself and caps the decoded bytes (no decompression bombs). Above it the shared retry loop
-(`clients.http.arequest_with_retries`) retries 429/5xx/transport errors, and `asyncio.timeout` bounds the whole
-fetch, slow bodies included.
+Every request goes through `transport.GuardedTransport` (URL guard on every redirect hop, pinned addresses, capped
+bodies). Above it the shared retry loop (`clients.http.arequest_with_retries`) retries 429/5xx/transport errors,
+and `asyncio.timeout` bounds the whole fetch, slow bodies included. Pages, image bytes and permanent failures are
+cached on disk so a run replays exactly.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import threading
-import weakref
 import hashlib
 import logging
 import re
+import threading
 import urllib.parse
-import zlib
-from collections.abc import AsyncIterator, Callable, Iterator
+import weakref
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -26,159 +24,21 @@ import trafilatura
 
 from ranger_jax.clients import cache as cache_lib
 from ranger_jax.clients import http
-from ranger_jax.env.backends import base, urlguard
+from ranger_jax.env.backends import base, transport, urlguard
 
 log = logging.getLogger(__name__)
 
 DEFAULT_FETCH_TIMEOUT_S = 20.0
 DEFAULT_MAX_PAGE_BYTES = 4 * 1024 * 1024
 DEFAULT_MAX_IMAGE_BYTES = 16 * 1024 * 1024
-DEFAULT_MAX_REDIRECTS = 5
+DEFAULT_MAX_REDIRECTS = transport.DEFAULT_MAX_REDIRECTS
 DEFAULT_FETCH_MAX_RETRIES = 2
 DEFAULT_USER_AGENT = (
     "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/124.0 Safari/537.36"
 )
 _REQUEST_TIMEOUT = httpx.Timeout(10.0, connect=5.0)
-_REDIRECT_STATUS = frozenset({301, 302, 303, 307, 308})
-_BODY_LIMIT = "ranger_body_limit"  # request extension: (max decoded bytes, cut instead of refusing)
-_BODY_INFO = "ranger_body_info"  # response extension: _BodyInfo
-_PIECE_BYTES = 64 * 1024
 _HTML_TYPES = ("text/html", "application/xhtml+xml")
 _TEXT_TYPES = ("text/plain", "text/markdown", "application/json", "text/csv", "application/xml", "text/xml")
-
-
-class PermanentFetchError(base.BackendError):
-    """A fetch failure that repeating the request would not fix (4xx, wrong content type, too large); cached."""
-
-
-class BodyTooLarge(PermanentFetchError):
-    def __init__(self, url: str, limit: int, size: int | None = None):
-        self.url, self.limit, self.size = url, limit, size
-        got = f"{size} bytes" if size is not None else f"more than {limit} bytes"
-        super().__init__(f"{url} is too large: {got} (limit {limit} bytes)")
-
-
-@dataclasses.dataclass
-class _BodyInfo:
-    final_url: str
-    truncated: bool = False
-
-
-class _CappedStream(httpx.AsyncByteStream):
-    """Decodes gzip/deflate itself and stops at `limit` decoded bytes (cutting or raising)."""
-
-    def __init__(self, inner: httpx.AsyncByteStream, url: str, encoding: str, limit: int, cut: bool, info: _BodyInfo):
-        self._inner, self._url, self._limit, self._cut, self._info = inner, url, limit, cut, info
-        if encoding in ("", "identity"):
-            self._decoder = None
-        elif encoding in ("gzip", "x-gzip"):
-            self._decoder = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        elif encoding == "deflate":
-            self._decoder = zlib.decompressobj()
-        else:
-            raise base.BackendError(f"{url} uses unsupported content-encoding {encoding!r}")
-
-    def _pieces(self, chunk: bytes) -> Iterator[bytes]:
-        """Decoded pieces of `chunk`, each at most `_PIECE_BYTES` long, so a bomb never inflates in one go."""
-        if self._decoder is None:
-            yield chunk
-            return
-        data = chunk
-        while data:
-            try:
-                out = self._decoder.decompress(data, _PIECE_BYTES)
-            except zlib.error as err:
-                raise base.BackendError(f"{self._url} sent a corrupt compressed body ({err})") from err
-            if out:
-                yield out
-            data = self._decoder.unconsumed_tail
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        total = 0
-        async for chunk in self._inner:
-            for piece in self._pieces(chunk):
-                if total + len(piece) > self._limit:
-                    if not self._cut:
-                        raise BodyTooLarge(self._url, self._limit)
-                    self._info.truncated = True
-                    if self._limit > total:
-                        yield piece[: self._limit - total]
-                    return
-                total += len(piece)
-                yield piece
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-
-def pinned_request(request: httpx.Request, target: urlguard.Target) -> httpx.Request:
-    """`request` sent to the checked address, keeping the Host header and TLS server name of the original host."""
-    if target.address is None or target.address == target.host:
-        return request
-    headers = httpx.Headers(request.headers)
-    headers["Host"] = request.url.netloc.decode("ascii")
-    extensions = {**request.extensions, "sni_hostname": target.host}
-    return httpx.Request(
-        request.method, request.url.copy_with(host=target.address), headers=headers,
-        stream=request.stream, extensions=extensions,
-    )
-
-
-def _next_hop(request: httpx.Request, location: str) -> tuple[str, httpx.Headers]:
-    url = urllib.parse.urljoin(str(request.url), location.strip())
-    headers = httpx.Headers(request.headers)
-    headers.pop("Host", None)
-    if urllib.parse.urlsplit(url).netloc != request.url.netloc.decode("ascii"):
-        headers.pop("Authorization", None)
-        headers.pop("Cookie", None)
-    return url, headers
-
-
-class GuardedTransport(httpx.AsyncBaseTransport):
-    """Checks every hop with the guard, follows redirects itself and caps decoded body bytes.
-
-    A request may carry the extension `ranger_body_limit = (max_bytes, cut)`; without it the body is not capped.
-    The response carries `ranger_body_info` with the final URL and whether the body was cut.
-    """
-
-    def __init__(self, guard: urlguard.UrlGuard, *, max_redirects: int = DEFAULT_MAX_REDIRECTS):
-        self.guard = guard
-        self.max_redirects = max_redirects
-        self._inner = httpx.AsyncHTTPTransport(trust_env=False)
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        url = str(request.url)
-        for hop in range(self.max_redirects + 1):
-            target = await self.guard.resolve(url)
-            response = await self._inner.handle_async_request(pinned_request(request, target))
-            location = response.headers.get("Location")
-            if response.status_code not in _REDIRECT_STATUS or not location:
-                return self._capped(response, request, url)
-            await response.aclose()
-            url, headers = _next_hop(request, location)
-            await self.guard.resolve(url)  # refuse before building a request httpx might not even parse
-            request = httpx.Request("GET", url, headers=headers, extensions=request.extensions)
-            log.debug("redirect %d to %s", hop + 1, url)
-        raise base.BackendError(f"too many redirects (> {self.max_redirects}) ending at {url}")
-
-    def _capped(self, response: httpx.Response, request: httpx.Request, url: str) -> httpx.Response:
-        limit, cut = request.extensions.get(_BODY_LIMIT, (None, False))
-        info = _BodyInfo(final_url=url)
-        if limit is None:
-            response.extensions = {**response.extensions, _BODY_INFO: info}
-            return response
-        encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
-        length = response.headers.get("Content-Length")
-        if not cut and encoding in ("", "identity") and length and length.isdigit() and int(length) > limit:
-            raise BodyTooLarge(url, limit, int(length))
-        headers = [(k, v) for k, v in response.headers.raw if k.lower() not in (b"content-encoding", b"content-length")]
-        stream = _CappedStream(response.stream, url, encoding, limit, cut, info)
-        return httpx.Response(
-            response.status_code, headers=headers, stream=stream, extensions={**response.extensions, _BODY_INFO: info}
-        )
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
 
 
 class _LoopClients:
@@ -285,7 +145,7 @@ class WebFetcher:
         self.jina_base_url = jina_base_url.rstrip("/") if jina_base_url else None
         self._web = _LoopClients(
             lambda: httpx.AsyncClient(
-                transport=GuardedTransport(guard, max_redirects=max_redirects),
+                transport=transport.GuardedTransport(guard, max_redirects=max_redirects),
                 timeout=_REQUEST_TIMEOUT, follow_redirects=False, trust_env=False,
             ),
             max_concurrency,
@@ -304,15 +164,17 @@ class WebFetcher:
             async with semaphore, asyncio.timeout(self.timeout_s):
                 return await http.arequest_with_retries(
                     client, "GET", url, headers=headers, max_retries=self.max_retries,
-                    extensions={_BODY_LIMIT: (limit, cut)},
+                    extensions={transport.BODY_LIMIT: (limit, cut)},
                 )
         except TimeoutError as err:
             raise base.BackendError(f"fetching {url} timed out after {self.timeout_s:g} s") from err
         except http.StatusError as err:
-            kind = base.BackendError if http.is_retryable_status(err.status) else PermanentFetchError
+            kind = base.BackendError if http.is_retryable_status(err.status) else transport.PermanentFetchError
             raise kind(f"HTTP {err.status} from {err.url}") from err
         except http.ClientError as err:
             raise base.BackendError(str(err)) from err
+        except httpx.InvalidURL as err:
+            raise urlguard.UrlRefused(url, f"malformed URL ({err})") from err
         except httpx.HTTPError as err:
             raise base.BackendError(f"fetching {url} failed: {type(err).__name__}: {err}") from err
 
@@ -323,14 +185,15 @@ class WebFetcher:
             UrlRefused: the URL or a redirect hop is not allowed.
             BackendError: HTTP errors, timeouts, unsupported content.
         """
+        self.guard.check_syntax(url)  # refuse forbidden spellings before httpx even parses them
         key = {"url": url, "jina": self.jina_base_url is not None}
         if (hit := self._page_cache.get(key)) is not None:
             if "error" in hit:
-                raise PermanentFetchError(hit["error"])
+                raise transport.PermanentFetchError(hit["error"])
             return base.Page(**hit)
         try:
             page = await (self._read_with_jina(url) if self._jina is not None else self._read_directly(url))
-        except PermanentFetchError as err:
+        except transport.PermanentFetchError as err:
             self._page_cache.put(key, {"error": str(err)})
             raise
         self._page_cache.put(key, dataclasses.asdict(page))
@@ -341,7 +204,7 @@ class WebFetcher:
                    "Accept": "text/html,application/xhtml+xml,text/plain;q=0.9,*/*;q=0.5"}
         response = await self._get(url, headers, self.max_page_bytes, True)
         page = self._page_from(response, url)
-        if response.extensions[_BODY_INFO].truncated:
+        if response.extensions[transport.BODY_INFO].truncated:
             page = dataclasses.replace(page, text=page.text + f"\n\n[page cut at {self.max_page_bytes} bytes]")
         return page
 
@@ -360,15 +223,15 @@ class WebFetcher:
         return jina_to_page(text, url)
 
     def _page_from(self, response: httpx.Response, url: str) -> base.Page:
-        final_url = response.extensions[_BODY_INFO].final_url
+        final_url = response.extensions[transport.BODY_INFO].final_url
         media = _media_type(response)
         if media in _HTML_TYPES or (not media and response.text.lstrip()[:1] == "<"):
             return html_to_page(response.text, final_url)
         if media in _TEXT_TYPES or media.startswith("text/"):
             return base.Page(url=final_url, title="", text=response.text.strip())
         if media.startswith("image/"):
-            raise PermanentFetchError(f"{url} is an image ({media}), not a page")
-        raise PermanentFetchError(f"{url} has content-type {media or '(none)'!r}, which cannot be read as text")
+            raise transport.PermanentFetchError(f"{url} is an image ({media}), not a page")
+        raise transport.PermanentFetchError(f"{url} has content-type {media or '(none)'!r}, which cannot be read as text")
 
     async def fetch_image(self, url: str, *, page_url: str | None = None) -> base.FetchedImage:
         """The encoded bytes of the image at `url` (content type image/*, size within limits).
@@ -377,17 +240,18 @@ class WebFetcher:
             UrlRefused: the URL or a redirect hop is not allowed.
             BackendError: HTTP errors, timeouts, wrong content type, too large or too small.
         """
+        self.guard.check_syntax(url)
         key = {"url": url}
         if (hit := self._image_cache.get(key)) is not None and self._blob_dir is not None:
             if "error" in hit:
-                raise PermanentFetchError(hit["error"])
+                raise transport.PermanentFetchError(hit["error"])
             blob = self._blob_dir / hit["sha256"][:2] / hit["sha256"]
             if blob.exists():
                 return base.FetchedImage(url=url, data=blob.read_bytes(), content_type=hit["content_type"],
                                          page_url=page_url)
         try:
             data, media = await self._download(url, page_url)
-        except PermanentFetchError as err:
+        except transport.PermanentFetchError as err:
             self._image_cache.put(key, {"error": str(err)})
             raise
         if self._blob_dir is not None:
@@ -405,11 +269,11 @@ class WebFetcher:
         response = await self._get(url, headers, self.max_image_bytes, False)
         media = _media_type(response)
         if not media.startswith("image/"):
-            raise PermanentFetchError(f"{url} is not an image (content-type {media or '(none)'!r})")
+            raise transport.PermanentFetchError(f"{url} is not an image (content-type {media or '(none)'!r})")
         if media == "image/svg+xml":
-            raise PermanentFetchError(f"{url} is an SVG drawing, which is not supported")
+            raise transport.PermanentFetchError(f"{url} is an SVG drawing, which is not supported")
         if len(response.content) < self.min_image_bytes:
-            raise PermanentFetchError(f"{url} is too small to be a picture ({len(response.content)} bytes < "
+            raise transport.PermanentFetchError(f"{url} is too small to be a picture ({len(response.content)} bytes < "
                                       f"{self.min_image_bytes})")
         return response.content, media
 

@@ -5,7 +5,7 @@ import socket
 import httpx
 import pytest
 
-from ranger_jax.env.backends import urlguard, web
+from ranger_jax.env.backends import transport, urlguard
 
 
 def resolve(url, allow=()):
@@ -84,9 +84,9 @@ def test_public_literals_pass_and_are_pinned():
     assert target.address == "93.184.216.34"
     pinned_target = urlguard.Target("https://news.example.org/a", "https", "news.example.org", 443, "93.184.216.34")
     request = httpx.Request("GET", "https://news.example.org/a?b=1", headers={"Accept": "text/html"})
-    pinned = web.pinned_request(request, pinned_target)
+    pinned = transport.pinned_request(request, pinned_target)
     assert str(pinned.url) == "https://93.184.216.34/a?b=1"
     assert pinned.headers["Host"] == "news.example.org" and pinned.headers["Accept"] == "text/html"
     assert pinned.extensions["sni_hostname"] == "news.example.org"
     v6 = urlguard.Target("http://v6.example.org/", "http", "v6.example.org", 80, "2606:2800:220:1::1")
-    assert web.pinned_request(httpx.Request("GET", "http://v6.example.org/"), v6).url.host == "2606:2800:220:1::1"
+    assert transport.pinned_request(httpx.Request("GET", "http://v6.example.org/"), v6).url.host == "2606:2800:220:1::1"

@@ -7,7 +7,7 @@ import pytest
 from PIL import Image
 from support.loopback import LoopbackServer, Reply
 
-from ranger_jax.env.backends import base, urlguard, web
+from ranger_jax.env.backends import base, transport, urlguard, web
 
 ARTICLE = """<!doctype html><html><head><title>Halvorsen Point Light gets a new railing</title>
 <meta name="date" content="2025-11-14"></head><body><nav>Home | News | Contact</nav>
@@ -109,7 +109,18 @@ def test_unlisted_loopback_host_is_refused_before_any_request(servers):
     before = other.count()
     with pytest.raises(urlguard.UrlRefused, match="loopback"):
         run(fetcher(srv).fetch_page(f"{other.url}/page.html"))
+    with pytest.raises(urlguard.UrlRefused, match="0177.0.0.1.*loopback"):
+        run(fetcher(srv).fetch_page(f"http://0177.0.0.1:{other.port}/page.html"))
+    with pytest.raises(urlguard.UrlRefused, match="2130706433.*loopback"):
+        run(fetcher(srv).fetch_image(f"http://2130706433:{other.port}/img.png"))
     assert other.count() == before
+
+
+def test_malformed_redirect_is_refused(servers):
+    srv, _ = servers
+    srv.route("GET", "/redirect-bad", lambda r: Reply(status=302, headers={"Location": "http://[::1/x"}))
+    with pytest.raises(urlguard.UrlRefused, match="malformed"):
+        run(fetcher(srv).fetch_page(f"{srv.url}/redirect-bad"))
 
 
 def test_http_errors_retries_and_content_types(servers):
@@ -135,9 +146,9 @@ def test_image_download_and_limits(servers):
     assert srv.requests[-1].headers["Referer"] == f"{srv.url}/"
     with pytest.raises(base.BackendError, match=r"not an image \(content-type 'text/html'\)"):
         run(fetcher(srv).fetch_image(f"{srv.url}/img-html"))
-    with pytest.raises(web.BodyTooLarge, match=r"huge\.png is too large: \d+ bytes \(limit 100000 bytes\)"):
+    with pytest.raises(transport.BodyTooLarge, match=r"huge\.png is too large: \d+ bytes \(limit 100000 bytes\)"):
         run(fetcher(srv).fetch_image(f"{srv.url}/huge.png"))
-    with pytest.raises(web.BodyTooLarge, match=r"bomb\.png is too large: more than 100000 bytes"):
+    with pytest.raises(transport.BodyTooLarge, match=r"bomb\.png is too large: more than 100000 bytes"):
         run(fetcher(srv).fetch_image(f"{srv.url}/bomb.png"))
     with pytest.raises(base.BackendError, match="SVG"):
         run(fetcher(srv).fetch_image(f"{srv.url}/drawing.svg"))
@@ -154,7 +165,7 @@ def test_cache_replays_pages_and_images(servers, tmp_path):
     assert run(fetcher(srv, cache_dir=tmp_path).fetch_image(f"{srv.url}/img.png")).data == first_image.data
     assert srv.count() == count
     for _ in range(2):  # a permanent failure replays from the cache too; a transient one is asked again
-        with pytest.raises(web.PermanentFetchError, match="not an image"):
+        with pytest.raises(transport.PermanentFetchError, match="not an image"):
             run(fetcher(srv, cache_dir=tmp_path).fetch_image(f"{srv.url}/img-html"))
     assert srv.count() == count + 1
     srv.fail_next("GET", "/plain.txt", Reply(status=503))
