@@ -264,7 +264,14 @@ class ToolEnv:
         except tools.ArgumentError as err:
             return self._reply(state, prompts.tool_response(f"Error: {err}"), info={**info, "error": "arguments"})
         ledger = tool_runner.Ledger(dict(state.images), dict(state.image_keys), state.next_image_index)
-        result = await self.runner.run(call, ledger)
+        try:
+            result = await self.runner.run(call, ledger)
+        except Exception as err:  # noqa: BLE001 — a tool bug must not crash the rollout; the policy is told
+            log.exception("tool %s failed unexpectedly in episode %s", parsed.name, state.task.id)
+            ledger = tool_runner.Ledger(dict(state.images), dict(state.image_keys), state.next_image_index)
+            result = tool_runner.ToolResult(body=f"The tool failed with an internal error ({type(err).__name__}: "
+                                                 f"{err}). Try again or use another tool.",
+                                            info={"tool": parsed.name, "error": "internal"})
         state = dataclasses.replace(state, num_tool_calls=state.num_tool_calls + 1,
                                     images=core.FrozenDict(ledger.images), image_keys=core.FrozenDict(ledger.keys),
                                     next_image_index=ledger.next_index)

@@ -285,3 +285,33 @@ def test_astep_runs_many_episodes_in_one_loop_and_step_after(make_env):
     assert [len(s.images) for s in states] == [1 + i % 3 for i in range(12)]
     state, obs = e.step(e.reset(TASK), call("image_search", query="tower", top_k=1))  # a different loop
     assert [i.img_id for i in obs.images] == ["IMG_001"]
+
+
+class _BrokenBackend:
+    """A backend whose search has a bug (raises a plain exception type)."""
+
+    async def text_search(self, query, *, top_k, tbs=None):
+        raise KeyError("bug")
+
+    async def image_search(self, query, *, top_k, tbs=None):
+        return [base.ImageHit("x", "https://x.org/1.png")]
+
+    async def fetch_page(self, url):
+        raise ZeroDivisionError
+
+    async def fetch_image(self, url, *, page_url=None):
+        return base.FetchedImage(url=url, data=b"GIF89a" + b"\x00" * 64)
+
+    async def aclose(self):
+        pass
+
+
+def test_backend_bugs_never_escape_step(make_env):
+    e = make_env(backend=_BrokenBackend())
+    state = e.reset(TASK)
+    state, obs = e.step(state, call("text_search", queries=["a"]))
+    assert "Search failed: KeyError" in obs.text and not obs.done
+    state, obs = e.step(state, call("web_fetch", url="https://x.org", prompt="p"))
+    assert "Could not read the page: ZeroDivisionError" in obs.text
+    state, obs = e.step(state, call("image_search", query="a"))
+    assert "not a readable image" in obs.text and obs.images == ()

@@ -124,7 +124,8 @@ class GuardedTransport(httpx.AsyncBaseTransport):
     def __init__(self, guard: urlguard.UrlGuard, *, max_redirects: int = DEFAULT_MAX_REDIRECTS):
         self.guard = guard
         self.max_redirects = max_redirects
-        self._inner = httpx.AsyncHTTPTransport(trust_env=False)
+        # no keep-alive: a pinned connection (by IP) must never carry another host's request over the first SNI
+        self._inner = httpx.AsyncHTTPTransport(trust_env=False, limits=httpx.Limits(max_keepalive_connections=0))
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         url = str(request.url)
