@@ -10,7 +10,8 @@ Each task gets its own family of confusable entities in one of the 16 Savanna su
 Scenes hold 2–4 objects (siblings and entities of other families) side by side; every object's pixel box is
 recorded.
 
-Directory layout (every file written atomically; same seed → byte-identical files):
+Directory layout (built in a sibling temporary folder and renamed into place, so a reader never sees a partial
+world; same seed → byte-identical files):
 
     DIR/world.json      {"version", "seed", "today", "num_tasks", "num_entities", "num_pages", "num_images"}
     DIR/entities.jsonl  one `world.Entity` per line
@@ -34,13 +35,15 @@ import hashlib
 import io
 import json
 import logging
+import os
 import random
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import tqdm
 
-from ranger_jax.clients.cache import write_atomic
 from ranger_jax.env.sim import bm25, catalog, pages, render, world
 from ranger_jax.env.sim.world import Entity
 
@@ -238,15 +241,46 @@ def _prompt(target: Entity, sc: catalog.Subcategory, today: dt.date, rng: random
     return f"{opener} {subject} {rng.choice(sc.contexts)}."
 
 
+def _commit(out: Path, files: dict[str, bytes]) -> None:
+    """Writes `files` into a fresh sibling folder, then renames it onto `out`: the world appears whole or not at all.
+
+    Raises:
+        FileExistsError: when `out` is a non-empty folder that is not an offline world (it is left untouched).
+    """
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.exists() and any(out.iterdir()) and not (out / world.WORLD_FILE).exists():
+        raise FileExistsError(f"{out} exists and is not an offline world; refusing to replace it (pick another --out)")
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    retired = None
+    try:
+        staging.chmod(0o755)
+        for name, data in files.items():
+            path = staging / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+        if out.exists():
+            retired = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
+            os.replace(out, retired)
+        os.replace(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    if retired is not None:
+        shutil.rmtree(retired, ignore_errors=True)
+
+
 def build_world(out: str | Path, num_tasks: int, seed: int, *, progress: bool = False) -> Path:
     """Generates a world with `num_tasks` tasks into directory `out` (layout in the module docstring).
 
     Raises:
         ValueError: when `num_tasks` is not in 1..MAX_TASKS.
+        FileExistsError: when `out` is a file, or a non-empty folder that is not an offline world.
     """
     if not 1 <= num_tasks <= MAX_TASKS:
         raise ValueError(f"num_tasks must be in 1..{MAX_TASKS}, got {num_tasks}")
     out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"--out {out} is a file, not a folder")
     rng = random.Random(seed)
     today = FIRST_TODAY + dt.timedelta(days=rng.randrange(730))
     order = list(catalog.SUBCATEGORIES)
@@ -335,22 +369,15 @@ def build_world(out: str | Path, num_tasks: int, seed: int, *, progress: bool = 
 
     image_index = bm25.build_index((row["url"], image_tokens(row)) for row in rows_images)
 
-    images_dir = out / world.IMAGES_DIR
-    if images_dir.is_dir():  # a rebuild over an old world must not leave its images behind
-        for stale in images_dir.glob("*.png"):
-            if f"{world.IMAGES_DIR}/{stale.name}" not in files:
-                stale.unlink()
-    for name, data in files.items():
-        write_atomic(out / name, data)
     entities_rows = sorted((dataclasses.asdict(e) for e in everyone), key=lambda r: r["id"])
     for name, rows in ((world.ENTITIES_FILE, entities_rows), (world.PAGES_FILE, rows_pages),
                        (world.IMAGES_FILE, rows_images), (world.TASKS_FILE, rows_tasks)):
-        write_atomic(out / name, "".join(_dumps(r) + "\n" for r in rows).encode("utf-8"))
-    write_atomic(out / world.INDEX_FILE,
-                 _dumps({"pages": page_index.to_json(), "images": image_index.to_json()}).encode("utf-8"))
+        files[name] = "".join(_dumps(r) + "\n" for r in rows).encode("utf-8")
+    files[world.INDEX_FILE] = _dumps({"pages": page_index.to_json(), "images": image_index.to_json()}).encode("utf-8")
     meta = {"version": world.FORMAT_VERSION, "seed": seed, "today": today.isoformat(), "num_tasks": num_tasks,
             "num_entities": len(everyone), "num_pages": len(rows_pages), "num_images": len(rows_images)}
-    write_atomic(out / world.WORLD_FILE, (_dumps(meta) + "\n").encode("utf-8"))  # last: marks the world complete
+    files[world.WORLD_FILE] = (_dumps(meta) + "\n").encode("utf-8")
+    _commit(out, files)
     log.info("built world %s: %d tasks, %d pages, %d images", out, num_tasks, len(rows_pages), len(rows_images))
     return out
 

@@ -3,13 +3,13 @@
 Every reference the policy selects is an `ImageRecord` of its episode: `root_url` names the world image it
 derives from and `root_box` the region of that image it shows (the whole image when None). The world's
 annotations give every entity's pixel box in that image, so each reference is judged from geometry alone.
-Only the first MAX_REFERENCES references count (the generator receives no more;
-reference/agent_protocol.md §6).
+Only the first MAX_REFERENCES (3) references count (the generator receives no more;
+reference/agent_protocol.md §6). The thresholds below are the fields of `Criteria` (defaults in brackets).
 
 For an entity with box O in a reference with region R, let vis = area(O ∩ R). The reference
-  - **shows** the entity when coverage = vis / area(O) ≥ COVERAGE_MIN (enough of it is visible) and
-    share = vis / area(R) ≥ SHARE_MIN (it is a main subject, not a detail of a wider scene);
-  - is **dominated by a sibling** when some sibling's vis ≥ RIVAL_MAX × the target's vis (the generator
+  - **shows** the entity when coverage = vis / area(O) ≥ COVERAGE_MIN [0.8] (enough of it is visible) and
+    share = vis / area(R) ≥ SHARE_MIN [0.3] (it is a main subject, not a detail of a wider scene);
+  - is **dominated by a sibling** when some sibling's vis ≥ RIVAL_MAX [0.5] × the target's vis (the generator
     could copy the sibling instead).
 **Search pass** ⇔ some reference shows the target and is not dominated by a sibling, and no reference shows a
 sibling. So a clean crop of the target passes; a crop of a sibling fails; a whole crowded scene fails (the
@@ -32,11 +32,26 @@ from collections.abc import Mapping
 from ranger_jax.env import core
 from ranger_jax.env.sim.world import Box, World, box_area, box_intersection, box_iou
 
-MAX_REFERENCES = 3
-COVERAGE_MIN = 0.8
-SHARE_MIN = 0.3
-RIVAL_MAX = 0.5
 REWARD_WEIGHTS = (0.6, 0.2, 0.2)  # search pass, crop IoU, text score in `SimScore.reward`
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Criteria:
+    """Thresholds of the search judgement (definitions in the module docstring)."""
+
+    coverage_min: float = 0.8  # COVERAGE_MIN: fraction of an object's box the region must contain
+    share_min: float = 0.3  # SHARE_MIN: fraction of the region the object must fill (a whole scene fails)
+    rival_max: float = 0.5  # RIVAL_MAX: a sibling this large relative to the target makes it ambiguous
+    max_references: int = 3  # MAX_REFERENCES: references the generator receives
+
+    def __post_init__(self):
+        for name in ("coverage_min", "share_min", "rival_max"):
+            value = getattr(self, name)
+            if not 0.0 < value <= 1.0:
+                raise ValueError(f"Criteria.{name} must be in (0, 1]; got {value!r}")
+        if self.max_references < 1:
+            raise ValueError(f"Criteria.max_references must be >= 1; got {self.max_references!r}")
+
 
 _TRUTH_KEYS = ("target_id", "sibling_ids", "key_attributes", "sibling_only_attributes")
 
@@ -119,7 +134,7 @@ def _visible(world_image, entity_id: str, region: Box) -> tuple[float, Box | Non
 
 
 def check_reference(world: World, record: core.ImageRecord | None, img_id: str, target_id: str,
-                    sibling_ids: list[str]) -> ReferenceCheck:
+                    sibling_ids: list[str], criteria: Criteria = Criteria()) -> ReferenceCheck:
     """Judges one reference against the target and its siblings (definitions in the module docstring)."""
     root_url = None if record is None else (record.root_url or record.url)
     image = world.images.get(root_url) if root_url else None
@@ -137,13 +152,13 @@ def check_reference(world: World, record: core.ImageRecord | None, img_id: str, 
         if box is None:
             continue
         rival = max(rival, vis / max(vis_target, 1.0))
-        if vis / box_area(box) >= COVERAGE_MIN and vis / region_area >= SHARE_MIN:
+        if vis / box_area(box) >= criteria.coverage_min and vis / region_area >= criteria.share_min:
             shown.append(sibling)
     if target_box is None:
         return ReferenceCheck(img_id=img_id, root_url=root_url, region=region, rival_ratio=rival,
                               shown_siblings=tuple(shown))
     coverage, share = vis_target / box_area(target_box), vis_target / region_area
-    shows = coverage >= COVERAGE_MIN and share >= SHARE_MIN and rival < RIVAL_MAX
+    shows = coverage >= criteria.coverage_min and share >= criteria.share_min and rival < criteria.rival_max
     return ReferenceCheck(img_id=img_id, root_url=root_url, region=region, target_coverage=coverage,
                           target_share=share, rival_ratio=rival, shows_target=shows, shown_siblings=tuple(shown),
                           iou=box_iou(region, target_box))
@@ -163,8 +178,8 @@ def _truth(task: core.Task, world: World) -> Mapping:
     return truth
 
 
-def score(world: World, task: core.Task, answer: core.Answer | None,
-          images: Mapping[str, core.ImageRecord]) -> SimScore:
+def score(world: World, task: core.Task, answer: core.Answer | None, images: Mapping[str, core.ImageRecord],
+          *, criteria: Criteria = Criteria()) -> SimScore:
     """Scores one episode's answer exactly.
 
     Args:
@@ -172,6 +187,7 @@ def score(world: World, task: core.Task, answer: core.Answer | None,
         task: the task, as returned by `ranger_jax.env.sim.load_tasks`.
         answer: the parsed answer, or None when the episode ended without one (everything scores 0).
         images: the episode's images by id (`EnvState.images`).
+        criteria: thresholds of the search judgement.
 
     Returns:
         A `SimScore`.
@@ -185,8 +201,9 @@ def score(world: World, task: core.Task, answer: core.Answer | None,
         return SimScore(False, 0.0, 0.0, (), (), tuple(key), (), reason="no answer")
     text, present, missing, mentioned = text_match(answer.gen_prompt, key, sibling_only)
     checks = tuple(
-        check_reference(world, images.get(ref.img_id), ref.img_id, truth["target_id"], list(truth["sibling_ids"]))
-        for ref in answer.reference_images[:MAX_REFERENCES]
+        check_reference(world, images.get(ref.img_id), ref.img_id, truth["target_id"], list(truth["sibling_ids"]),
+                        criteria)
+        for ref in answer.reference_images[:criteria.max_references]
     )
     shows = [c.img_id for c in checks if c.shows_target]
     siblings = sorted({s for c in checks for s in c.shown_siblings})
