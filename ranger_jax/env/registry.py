@@ -7,6 +7,7 @@ Backends resolve through `BACKENDS`. Options are flat keywords: each must be an 
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -53,7 +54,7 @@ def _spec(backend: str, where: str) -> BackendSpec:
     return BACKENDS[backend]()
 
 
-def make(name: str, **options: Any) -> tool_env.ToolEnv:
+def make(name: str | os.PathLike, **options: Any) -> tool_env.ToolEnv:
     """A ToolEnv for a backend name (`"live"`, `"offline"`) or an environment file (`envs/savanna_sim.toml`).
 
     Args:
@@ -66,6 +67,7 @@ def make(name: str, **options: Any) -> tool_env.ToolEnv:
             missing required option.
         FileNotFoundError: a `.toml` path that does not exist.
     """
+    name = os.fspath(name)
     backend_options: dict[str, Any] = {}
     env_values: dict[str, Any] = {}
     rewards: dict[str, Any] = {}

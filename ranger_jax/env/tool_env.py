@@ -19,6 +19,7 @@ import logging
 import shutil
 import tempfile
 import threading
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -119,6 +120,7 @@ class ToolEnv:
         store_dir = self.config.image_store
         if store_dir is None:
             self._owned_dir = store_dir = tempfile.mkdtemp(prefix="ranger_images_")
+            self._cleanup = weakref.finalize(self, shutil.rmtree, store_dir, ignore_errors=True)
         self.store = images.ImageStore(store_dir, max_bytes=self.config.max_image_bytes,
                                        max_pixels=self.config.max_image_pixels, min_side=self.config.min_image_side)
         reader = None
@@ -315,6 +317,7 @@ class ToolEnv:
                 self._loop = asyncio.new_event_loop()
                 self._loop_thread = threading.Thread(target=self._loop.run_forever, name="ToolEnv-loop", daemon=True)
                 self._loop_thread.start()
+                self._stop_loop = weakref.finalize(self, self._loop.call_soon_threadsafe, self._loop.stop)
             return self._loop
 
     async def aclose(self) -> None:
@@ -328,13 +331,14 @@ class ToolEnv:
         with self._loop_lock:
             loop, self._loop = self._loop, None
         if loop is not None:
+            self._stop_loop.detach()
             asyncio.run_coroutine_threadsafe(self.aclose(), loop).result()
             loop.call_soon_threadsafe(loop.stop)
             if self._loop_thread is not None:
                 self._loop_thread.join()
             loop.close()
         if self._owned_dir is not None:
-            shutil.rmtree(self._owned_dir, ignore_errors=True)
+            self._cleanup()
             self._owned_dir = None
 
     def __enter__(self) -> "ToolEnv":
