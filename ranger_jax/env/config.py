@@ -25,12 +25,14 @@ FILE_KEYS = ("description", "backend", "backend_options", "env", "rewards")
 
 # Reward settings an environment may carry (consumed by ranger_jax.rewards and evals).
 REWARD_KEYS: dict[str, type | tuple[type, ...]] = {
-    "kind": str,  # "sim" (exact offline rewards) or "judge" (K-Score style judges)
-    "text_coef": (int, float),  # α in R = (1 - α)·R_image + α·R_text
-    "max_ref_images": int,  # references sent to the generator
-    "min_ref_images": int,  # fewer valid references → reward 0
-    "min_visible_fraction": (int, float),  # sim: share of the target box a reference must show
-    "iou_threshold": (int, float),  # sim: crop IoU counted as a clean isolation
+    "kind": str,  # "sim" (exact offline rewards, env.sim.rewards) or "judge" (K-Score style judges)
+    "text_coef": (int, float),  # α in R = (1 - α)·R_image + α·R_text (rewards.combine)
+    "max_ref_images": int,  # references sent to the generator (Gen-Searcher: first 3)
+    "min_references": int,  # fewer valid references → reward 0 (GEN_MIN_INPUT_IMAGES = 1)
+    "max_references": int,  # more valid references → reward 0 (GEN_MAX_INPUT_IMAGES = 4)
+    "coverage_min": (int, float),  # sim: fraction of the target box a reference must contain
+    "share_min": (int, float),  # sim: fraction of the reference the target must fill
+    "rival_max": (int, float),  # sim: a sibling this large relative to the target makes it ambiguous
     "judge_url": str,
     "judge_model": str,
     "generator_url": str,
