@@ -1,0 +1,180 @@
+"""The world generator: determinism, layout, the three difficulties, visible identity, and every error."""
+
+from __future__ import annotations
+
+import collections
+import datetime as dt
+import json
+
+import pytest
+from PIL import Image
+
+from ranger_jax.env import core
+from ranger_jax.env.sim import build, catalog, load_tasks, load_world, world
+
+
+def _files(root):
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_same_seed_is_byte_identical_and_other_seed_differs(tmp_path, small_world):
+    again = build.build_world(tmp_path / "again", 6, 7)
+    first, second = _files(small_world), _files(again)
+    assert sorted(first) == sorted(second)
+    assert all(first[name] == second[name] for name in first), [n for n in first if first[n] != second[n]]
+    other = _files(build.build_world(tmp_path / "other", 6, 8))
+    assert other[world.TASKS_FILE] != first[world.TASKS_FILE]
+
+
+def test_rebuild_replaces_a_world_without_leftovers(tmp_path):
+    out = tmp_path / "w"
+    build.build_world(out, 3, 1)
+    build.build_world(out, 1, 2)
+    meta = world.read_meta(out)
+    assert meta["seed"] == 2 and meta["num_tasks"] == 1
+    assert len(list((out / world.IMAGES_DIR).glob("*.png"))) == meta["num_images"]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging folders left
+
+
+def test_layout_and_loaders(hard_world):
+    meta = world.read_meta(hard_world)
+    the_world = load_world(hard_world)
+    tasks = load_tasks(hard_world)
+    assert meta["num_tasks"] == len(tasks) == 32
+    assert len(the_world.pages) == meta["num_pages"] and len(the_world.images) == meta["num_images"]
+    assert {t.metadata["subcategory"] for t in tasks} == {sc.name for sc in catalog.SUBCATEGORIES}
+    assert {t.metadata["domain"] for t in tasks} == set(catalog.DOMAINS)
+    assert len(catalog.SUBCATEGORIES) == 16
+    for task in tasks:
+        assert isinstance(task, core.Task)
+        assert dt.date.fromisoformat(task.metadata["today"]) == the_world.today
+        truth = task.ground_truth
+        target = the_world.entities[truth["target_id"]]
+        image = the_world.images[truth["image_url"]]
+        assert (hard_world / truth["image_file"]).is_file()
+        placed = [o.box for o in image.objects if o.entity_id == target.id]
+        assert placed == [tuple(float(v) for v in truth["bbox"])]
+        assert truth["key_attributes"] == list(target.attributes().values())
+        assert truth["target_name"] in task.prompt or target.family in task.prompt
+
+
+def test_temporal_novelty(hard_world):
+    the_world, tasks = load_world(hard_world), load_tasks(hard_world)
+    pages_of = collections.Counter()
+    for page in the_world.pages.values():
+        for entity in the_world.entities.values():
+            if f"{entity.name} {entity.noun}" in page.text:
+                pages_of[entity.id] += 1
+    images_of = collections.Counter(o.entity_id for im in the_world.images.values() for o in im.objects)
+    fewer_pages = fewer_images = 0
+    for task in tasks:
+        target = the_world.entities[task.ground_truth["target_id"]]
+        previous = target.id[:-1] + "p"
+        age = (the_world.today - dt.date.fromisoformat(target.released)).days
+        assert 2 <= age <= 20
+        assert all(the_world.entities[s].released <= target.released or s.endswith("v")
+                   for s in task.ground_truth["sibling_ids"])
+        fewer_pages += pages_of[target.id] < pages_of[previous]
+        fewer_images += images_of[target.id] < images_of[previous]
+    assert fewer_pages >= 0.9 * len(tasks) and fewer_images >= 0.9 * len(tasks)
+    # no picture shows a thing before it was released, no page predates what it is about
+    for image in the_world.images.values():
+        assert all(the_world.entities[o.entity_id].released <= image.date for o in image.objects)
+
+
+def test_semantic_crowding_siblings_differ_visibly(hard_world):
+    the_world, tasks = load_world(hard_world), load_tasks(hard_world)
+    for task in tasks:
+        target = the_world.entities[task.ground_truth["target_id"]]
+        for sibling_id in task.ground_truth["sibling_ids"]:
+            sibling = the_world.entities[sibling_id]
+            assert sibling.family == target.family
+            assert sibling.attributes() != target.attributes()
+            if sibling.edition == target.edition:  # other variant: other colours
+                assert sibling.primary != target.primary
+            else:  # previous editions: other pattern and emblem
+                assert sibling.pattern != target.pattern and sibling.emblem != target.emblem
+        assert task.ground_truth["sibling_only_attributes"]
+        assert not set(task.ground_truth["sibling_only_attributes"]) & set(task.ground_truth["key_attributes"])
+
+
+def test_spatial_entanglement(hard_world):
+    the_world, tasks = load_world(hard_world), load_tasks(hard_world)
+    target_ids = {t.ground_truth["target_id"] for t in tasks}
+    shots = [im for im in the_world.images.values() if any(o.entity_id in target_ids for o in im.objects)]
+    scenes = [im for im in shots if len(im.objects) >= 2]
+    assert len(scenes) >= 0.7 * len(shots)
+    with_sibling = 0
+    for task in tasks:
+        truth = task.ground_truth
+        for im in scenes:
+            ids = {o.entity_id for o in im.objects}
+            if truth["target_id"] in ids:
+                target_box = next(o.box for o in im.objects if o.entity_id == truth["target_id"])
+                assert world.box_area(target_box) < 0.3 * im.width * im.height  # a detail of the scene
+                with_sibling += bool(ids & set(truth["sibling_ids"]))
+    assert with_sibling >= len(tasks) // 2
+
+
+def test_identity_is_visible_in_pixels(hard_world):
+    the_world, task = load_world(hard_world), load_tasks(hard_world)[0]
+    truth = task.ground_truth
+    target = the_world.entities[truth["target_id"]]
+    picture = Image.open(hard_world / truth["image_file"]).convert("RGB")
+    region = picture.crop(tuple(int(v) for v in truth["bbox"]))
+    colours = collections.Counter(region.getdata())
+    for name in (target.primary, target.secondary):
+        rgb = catalog.COLOURS[name]
+        assert colours[rgb] > 0.02 * region.width * region.height, name
+    sibling = the_world.entities[truth["sibling_ids"][0]]
+    sibling_shots = [im for im in the_world.images.values() if [o.entity_id for o in im.objects] == [sibling.id]]
+    other = Image.open(hard_world / sibling_shots[0].file).convert("RGB")
+    box = sibling_shots[0].objects[0].box
+    assert other.crop(tuple(int(v) for v in box)).resize(region.size).tobytes() != region.tobytes()
+
+
+def test_cli_writes_a_world(tmp_path, capsys):
+    build.main(["--out", str(tmp_path / "cli"), "--tasks", "2", "--seed", "5"])
+    assert "2 tasks" in capsys.readouterr().out
+    assert len(load_tasks(tmp_path / "cli")) == 2
+
+
+def test_build_errors(tmp_path):
+    with pytest.raises(ValueError, match="num_tasks must be in 1.."):
+        build.build_world(tmp_path / "w", 0, 1)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(FileExistsError, match="is a file"):
+        build.build_world(tmp_path / "file", 1, 1)
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "notes.txt").write_text("keep me")
+    with pytest.raises(FileExistsError, match="not an offline world"):
+        build.build_world(tmp_path / "busy", 1, 1)
+    assert (tmp_path / "busy" / "notes.txt").read_text() == "keep me"
+
+
+def test_loader_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="is not an offline world"):
+        load_world(tmp_path)
+    root = build.build_world(tmp_path / "w", 1, 3)
+    tasks_text = (root / world.TASKS_FILE).read_text()
+    (root / world.TASKS_FILE).write_text(tasks_text + "{not json\n")
+    with pytest.raises(ValueError, match=r"tasks.jsonl:2 is not valid JSON"):
+        load_tasks(root)
+    row = json.loads(tasks_text)
+    del row["bbox"]
+    (root / world.TASKS_FILE).write_text(json.dumps(row) + "\n")
+    with pytest.raises(ValueError, match="has no 'bbox' field"):
+        load_tasks(root)
+    images_text = (root / world.IMAGES_FILE).read_text()
+    (root / world.IMAGES_FILE).write_text(images_text.replace('"entity_id":"e0000t"', '"entity_id":"e9999x"'))
+    with pytest.raises(ValueError, match="places unknown entity 'e9999x'"):
+        load_world(root)
+    (root / world.IMAGES_FILE).unlink()
+    with pytest.raises(FileNotFoundError, match="images.jsonl is missing"):
+        load_world(root)
+    meta = json.loads((root / world.WORLD_FILE).read_text())
+    (root / world.WORLD_FILE).write_text(json.dumps({**meta, "version": 99}))
+    with pytest.raises(ValueError, match="format version 99"):
+        load_world(root)
+    with pytest.raises(KeyError, match="no image with url 'https://nowhere.sim/x.png'"):
+        load_world(build.build_world(tmp_path / "w2", 1, 3)).image_path("https://nowhere.sim/x.png")
