@@ -13,13 +13,12 @@ import dataclasses
 import hashlib
 import io
 import math
+import os
 import threading
 import warnings
 from pathlib import Path
 
 from PIL import Image
-
-from ranger_jax.clients import cache as cache_lib
 
 DEFAULT_MAX_IMAGE_BYTES = 16 * 1024 * 1024
 DEFAULT_MAX_IMAGE_PIXELS = 40_000_000  # ~ 6300 x 6300; more is a decompression bomb for our purposes
@@ -94,12 +93,20 @@ class ImageStore:
         self._lock = threading.Lock()
         self._by_input: dict[str, StoredImage] = {}  # sha256 of the bytes as received -> stored file
         self._decoded: collections.OrderedDict[str, Image.Image] = collections.OrderedDict()
+        self._folders: set[Path] = set()
 
     def _write(self, data: bytes, ext: str, width: int, height: int) -> StoredImage:
         sha = hashlib.sha256(data).hexdigest()
         path = self.directory / sha[:2] / f"{sha}.{ext}"
         if not path.exists():
-            cache_lib.write_atomic(path, data)
+            if path.parent not in self._folders:
+                path.parent.mkdir(exist_ok=True)
+                self._folders.add(path.parent)
+            # temporary name + os.replace: never a half-written file under the final name; no fsync, since a
+            # content-addressed file lost in a crash is simply written again
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
         return StoredImage(path=str(path), sha256=sha, width=width, height=height)
 
     def _remember(self, sha: str, image: Image.Image) -> None:
