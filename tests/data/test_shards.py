@@ -10,7 +10,7 @@ import grain
 import numpy as np
 import pytest
 
-from ranger_jax.data import shards, trajectory
+from ranger_jax.data import shards
 
 REPO = Path(__file__).resolve().parents[2]
 KILLED_WRITER = """
