@@ -22,7 +22,8 @@ def main() -> None:
     parser.add_argument("--world", required=True, help="world directory (ranger_jax.env.sim.build)")
     parser.add_argument("--policy", required=True, choices=sorted(savanna.POLICIES))
     parser.add_argument("--json", required=True, help="where to write the results")
-    parser.add_argument("--env", default="offline", help='"offline" or an envs/*.toml file (e.g. envs/savanna_sim.toml)')
+    parser.add_argument("--env", default="offline",
+                        help='"offline" or an environment file such as envs/savanna_sim.toml')
     parser.add_argument("--limit", type=int, default=None, help="run only the first N tasks")
     args = parser.parse_args()
     result = savanna.evaluate(args.world, args.policy, env_name=args.env, limit=args.limit, progress=True)

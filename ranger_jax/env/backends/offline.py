@@ -64,7 +64,8 @@ class OfflineBackend:
             raise FileNotFoundError(f"{index_path} not found; rebuild the world with ranger_jax.env.sim.build") from err
         self._pages = bm25.Index.from_json(data["pages"], f"{index_path}#pages")
         self._images = bm25.Index.from_json(data["images"], f"{index_path}#images")
-        for name, index, items in (("pages", self._pages, self.world.pages), ("images", self._images, self.world.images)):
+        for name, index, items in (("pages", self._pages, self.world.pages),
+                                   ("images", self._images, self.world.images)):
             if set(index.docs) != set(items):
                 raise ValueError(f"{index_path} indexes {len(index.docs)} {name} but the world has {len(items)}; "
                                  "rebuild the world")

@@ -118,7 +118,7 @@ def answer(gen_prompt: str, refs: list[tuple[str, str]], think: str | None) -> s
 
 
 def subject_query(prompt: str) -> str:
-    """The proper nouns and numbers of a request, in order ("… the new Lakeside FC Home kit …" -> "Lakeside FC Home")."""
+    """The proper nouns and numbers of a request, in order ("… the new Lake FC Home kit …" -> "Lake FC Home")."""
     words = re.findall(r"[A-Za-z0-9][\w'-]*", prompt)
     kept = [w for i, w in enumerate(words) if i > 0 and (w[0].isupper() or w.isdigit())]
     return " ".join(dict.fromkeys(kept)) or prompt
