@@ -206,3 +206,21 @@ def test_extract_json(text, value):
 def test_extract_json_failure_quotes_the_text():
     with pytest.raises(chat.ChatFormatError, match="no JSON value in model reply: 'I cannot judge this'"):
         chat.extract_json("I cannot judge this")
+
+
+@pytest.mark.parametrize("body, message", [
+    ([1], "body is list, not an object"),
+    ({"choices": [{"message": {"content": 5}}]}, r"choices\[0\].message.content is int, not a string"),
+    ({"choices": [{"message": {"content": "", "tool_calls": [{"id": "a"}]}}]},
+     r"choices\[0\].message.tool_calls\[0\] has no 'function' object"),
+    ({"choices": [{"message": {"content": "", "tool_calls": [{"function": {"arguments": "{}"}}]}}]},
+     r"tool_calls\[0\].function has no 'name'"),
+])
+def test_parse_completion_errors(body, message):
+    with pytest.raises(http.ResponseFormatError, match=message):
+        chat.parse_completion("http://h/v1/chat/completions", body, None)
+
+
+def test_content_parts_are_joined():
+    body = {"choices": [{"message": {"content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}}]}
+    assert chat.parse_completion("u", body, "text").content == "ab"

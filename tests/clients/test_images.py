@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from ranger_jax.clients import images, media
+from ranger_jax.clients import compositor, images, media
 from support.loopback import LoopbackServer, Reply
 
 FIXTURES = Path("/work/shared/fixtures")
@@ -231,3 +231,14 @@ def test_parse_size():
     for bad in ("0x5", "axb", "5x", (0, 3)):
         with pytest.raises(ValueError, match="size must be"):
             images.parse_size(bad)
+
+
+def test_constructor_errors():
+    with pytest.raises(ValueError, match="max_references must be >= 1, got 0"):
+        images.SGLangImageGenerator("http://x", max_references=0)
+    with pytest.raises(ValueError, match="size must be formatted"):
+        images.SGLangImageGenerator("http://x", size="big")
+    with pytest.raises(ValueError, match="max_per_url and max_concurrency must be >= 1, got 0, 20"):
+        images.GenSearcherGenerator("http://x", max_per_url=0)
+    with pytest.raises(ValueError, match="max_references must be >= 1, got 0"):
+        compositor.CompositorGenerator(max_references=0)

@@ -52,3 +52,9 @@ def test_data_url_roundtrip_and_errors(tmp_path):
     (tmp_path / "bad.png").write_bytes(b"nope")
     with pytest.raises(ValueError, match="bad.png is not a decodable image"):
         media.load_image(tmp_path / "bad.png")
+
+
+def test_fit_longest_side_rejects_a_zero_cap():
+    with pytest.raises(ValueError, match="max_side must be >= 1, got 0"):
+        media.fit_longest_side(Image.new("RGB", (2, 2)), 0)
+    assert media.fit_longest_side(Image.new("RGB", (2, 2)), None).size == (2, 2)

@@ -325,3 +325,22 @@ def test_async_control_endpoints(server):
     healthy, info, flushed, version, update, results = asyncio.run(run())
     assert healthy and info.model_path and flushed.startswith("Cache flushed.") and version == "step_5"
     assert update.message and {r.weight_version for r in results} == {"step_6"}
+
+
+@pytest.mark.parametrize("meta, message", [
+    ({"output_token_logprobs": "x"}, "meta_info.output_token_logprobs is str, not a list"),
+    ({"output_token_logprobs": [[-1.0]]}, r"output_token_logprobs\[0\] is not a \[logprob, token_id, text\] triple"),
+])
+def test_malformed_logprob_lists(meta, message):
+    body = {"output_ids": [1], "meta_info": {"finish_reason": {"type": "stop"}, **meta}}
+    with pytest.raises(http.ResponseFormatError, match=message):
+        sglang.parse_generate_response("http://h/generate", body, return_logprob=True)
+
+
+def test_success_false_with_http_200_and_non_object_bodies(server, client):
+    server.fail_next("POST", "/update_weights_from_disk", Reply.json({"success": False, "message": "rolled back"}))
+    with pytest.raises(sglang.WeightUpdateFailed, match="rolled back"):
+        client.update_weights_from_disk("ckpts/step_9")
+    server.fail_next("POST", "/pause_generation", Reply.json(["ok"]))
+    with pytest.raises(http.ResponseFormatError, match="expected a JSON object, got list"):
+        client.pause_generation()

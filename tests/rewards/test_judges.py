@@ -243,3 +243,10 @@ def test_live_reward_records_a_failed_generation(server, episode):
     assert breakdown.zero_reason == combine.GENERATION_FAILED and "HTTP 500" in breakdown.detail
     assert not generation.ok and "Internal Server Error" in generation.error
     assert server.calls() == 1  # the generation request only: no judge call after a failure
+
+
+def test_judge_argument_errors(server):
+    with pytest.raises(ValueError, match="max_attempts must be >= 1, got 0"):
+        judge.KScoreJudge(client(server), max_attempts=0)
+    with pytest.raises(ValueError, match="context must be a list, got str"):
+        savanna.parse_generation_output({"identity_tier": "exact", "context": "all good"})
