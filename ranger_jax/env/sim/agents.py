@@ -15,7 +15,8 @@ so far (`state.messages`, `state.images`) and writes `<think>…</think><tool_ca
   3. Isolate: `crop_image` the matching object out of its scene, then answer with a gen_prompt that spells
      out the identifying attributes and cites the crop.
   Pixels are read through `detector.OracleDetector`, a stand-in for a perfect VLM's grounding (it reports
-  boxes and visible attributes, never identities); the agent never reads the task's ground truth.
+  boxes and visible attributes, never identities); the agent never reads the task's ground truth. It reads
+  fact sheets from the page text, so it expects `web_fetch` without a summariser (the offline default).
 - `NaiveAgent`: `image_search` the request, answer with the first image.
 """
 
@@ -43,8 +44,8 @@ _LAUNCH = re.compile(r"\b(unveils|unveiled|reveals|revealed|official|officially|
                      r"side by side|goes on sale)\b", re.IGNORECASE)
 
 _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
-_TEXT_HIT = re.compile(r"^\d+\. \[(?P<title>[^\]]*)\]\((?P<url>[^)\s]+)\)(?: \((?P<date>[^)]*)\))?\n(?P<snippet>.*)$",
-                       re.MULTILINE)
+_TEXT_HIT = re.compile(r"^\d+\. \[(?P<title>[^\]]*)\]\((?P<url>[^)\s]+)\)(?: \((?P<date>[^)]*)\))?"
+                       r"(?:\n(?P<snippet>(?!\d+\. \[|--- ).*))?$", re.MULTILINE)
 _FACT_SHEET = re.compile(
     r"Fact sheet\nName: (?P<name>.+)\nSeries: (?P<series>.+)\nRelease date: (?P<released>\d{4}-\d{2}-\d{2})\n"
     r"Colours: (?P<primary>[\w-]+), (?P<secondary>[\w-]+)\nPattern: (?P<pattern>[\w-]+)\nEmblem: (?P<emblem>\S+)"
@@ -159,7 +160,7 @@ class ExpertAgent:
                     if m["url"] not in seen:
                         seen.add(m["url"])
                         hits.append({"title": m["title"], "url": m["url"], "date": m["date"] or "",
-                                     "snippet": m["snippet"]})
+                                     "snippet": m["snippet"] or ""})
         return hits
 
     @staticmethod
