@@ -7,12 +7,13 @@ Structured output degrades gracefully: a `json_schema` request that the server r
 retried with `{"type": "json_object"}`, then with no `response_format` at all (the caller parses the reply
 leniently with `ChatResult.json()`); the client remembers the level that worked. With `cache_dir`, responses
 are stored under the caller's original request, so a replay returns exactly the same results without a
-server, whichever fallback the live run needed.
+server, whichever fallback the live run needed (image data URLs are keyed by their SHA-256).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -213,6 +214,17 @@ def parse_completion(url: str, body: Any, response_format: str | None) -> ChatRe
                       model=str(body.get("model", "")), response_format=response_format)
 
 
+def _compact(value: Any) -> Any:
+    """`value` with every `data:` URL replaced by its SHA-256, so cache entries stay small but exact."""
+    if isinstance(value, str) and value.startswith("data:"):
+        return "sha256:" + hashlib.sha256(value.encode("utf-8")).hexdigest()
+    if isinstance(value, dict):
+        return {k: _compact(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_compact(v) for v in value]
+    return value
+
+
 def _format_ladder(response_format: Mapping[str, Any] | None) -> list[Mapping[str, Any] | None]:
     """The response_formats to try, strictest first."""
     if response_format is None:
@@ -313,11 +325,11 @@ class ChatClient:
         fmt = attempt.get("response_format", {}).get("type") if "response_format" in attempt else None
         body = http.json_body(response)
         result = parse_completion(self.url, body, fmt)
-        self.cache.put(key, {"body": body, "response_format": fmt})
+        self.cache.put(_compact(key), {"body": body, "response_format": fmt})
         return result
 
     def _cached(self, key: dict[str, Any]) -> ChatResult | None:
-        hit = self.cache.get(key)
+        hit = self.cache.get(_compact(key))
         if hit is None:
             return None
         return parse_completion(self.url, hit["body"], hit["response_format"])

@@ -266,8 +266,8 @@ class Session:
         self._client: httpx.Client | None = None
         self._thread_slots = threading.BoundedSemaphore(max_concurrency) if max_concurrency else None
         self._lock = threading.Lock()
-        self._async: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[httpx.AsyncClient, asyncio.Semaphore | None]]
-        self._async = weakref.WeakKeyDictionary()
+        # event loop -> (its AsyncClient, its concurrency semaphore); entries go away with their loop
+        self._async: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def url(self, path: str) -> str:
         """Absolute URL of `path` on this service (for messages and cache keys)."""

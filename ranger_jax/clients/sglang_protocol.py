@@ -278,4 +278,5 @@ def parse_weight_version(response: httpx.Response) -> str:
 
 
 def as_error(cls: type[SGLangError]) -> Callable[[http.StatusError], Exception]:
+    """An error mapper that re-types a control endpoint's StatusError as `cls` (RateLimited stays as is)."""
     return lambda err: err if isinstance(err, http.RateLimited) else cls(err.status, err.url, err.body)

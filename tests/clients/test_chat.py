@@ -224,3 +224,17 @@ def test_parse_completion_errors(body, message):
 def test_content_parts_are_joined():
     body = {"choices": [{"message": {"content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}}]}
     assert chat.parse_completion("u", body, "text").content == "ab"
+
+
+def test_cache_entries_key_images_by_digest(tmp_path, server):
+    big = Image.effect_noise((256, 256), 64).convert("RGB")
+    messages = [{"role": "user", "content": [chat.text_part("grade"), chat.image_part(big, fmt="PNG")]}]
+    client = client_for(server, cache_dir=tmp_path)
+    first = client.complete(messages)
+    (entry,) = list(tmp_path.rglob("*.json"))
+    stored = json.loads(entry.read_text())["request"]
+    assert stored["messages"][0]["content"][1]["image_url"]["url"].startswith("sha256:")
+    assert entry.stat().st_size < 10_000 and client.complete(messages) == first and server.calls() == 1
+    other = [{"role": "user", "content": [chat.text_part("grade"), chat.image_part(big.rotate(90), fmt="PNG")]}]
+    client.complete(other)
+    assert server.calls() == 2  # a different image is a different key
