@@ -1,0 +1,1 @@
+"""HTTP clients: the shared retry loop and cache, OpenAI-compatible chat, the SGLang policy server, image generators."""

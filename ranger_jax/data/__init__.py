@@ -1,0 +1,1 @@
+"""Trajectory records, atomic ArrayRecord shards, the Grain data source and the HTML shard viewer."""

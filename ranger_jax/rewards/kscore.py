@@ -131,9 +131,10 @@ def group_of(category: Any) -> str | None:
 
 def _judge_failed(row: Mapping[str, Any]) -> bool:
     scores = row.get("scores")
-    if row.get("eval_success") is False:
-        return True
-    return isinstance(scores, Mapping) and scores.get("eval_success") is False
+    if not isinstance(scores, Mapping):
+        return True  # never judged
+    flags = [row.get("eval_success"), scores.get("eval_success")]
+    return any(flag is not None and not parse_flag(flag, "eval_success") for flag in flags)
 
 
 def _mean(values: list[float]) -> float | None:
@@ -177,19 +178,19 @@ def aggregate(rows: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
     for index, row in enumerate(rows):
         if "summary_type" in row:
             continue
-        if row.get("success") is not True:
-            skipped["num_generation_failed"] += 1
-            continue
-        if _judge_failed(row) or not isinstance(row.get("scores"), Mapping):
-            skipped["num_judge_failed"] += 1
-            continue
-        category = (row.get("meta") or {}).get("category")
-        group = group_of(category)
-        if group is None:
-            log.warning("K-Score row %s has category %r outside both groups; skipped", row.get("id", index), category)
-            skipped["num_unknown_category"] += 1
-            continue
         try:
+            if not parse_flag(row.get("success"), "success"):
+                skipped["num_generation_failed"] += 1
+                continue
+            if _judge_failed(row):
+                skipped["num_judge_failed"] += 1
+                continue
+            category = (row.get("meta") or {}).get("category")
+            group = group_of(category)
+            if group is None:
+                log.warning("K-Score row %s has category %r outside both groups; skipped", row.get("id", index), category)
+                skipped["num_unknown_category"] += 1
+                continue
             samples[group].append(parse_judge_output(row["scores"]))
         except ValueError as err:
             raise ValueError(f"K-Score row {row.get('id', index)!r}: {err}") from err

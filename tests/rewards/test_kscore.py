@@ -17,8 +17,9 @@ ROWS = [
     row("anime", 1, 0, 1, 1, "false"),
     row("News", 1, 1, 0.5, 0, 1),
     row("multi-subject-game", 0, 0, 0, 0, False, success=False),  # generation failure: skipped
+    row("game", 0, 0, 0, 0, False, success="false"),
     row("film", 0, 0, 0, 0, False, eval_success=False),  # failed judge: excluded
-    {"id": "j2", "success": True, "meta": {"category": "film"}, "scores": {"eval_success": False}},
+    {"id": "j2", "success": True, "meta": {"category": "film"}, "scores": {"eval_success": "False"}},
     {"id": "j3", "success": True, "meta": {"category": "film"}},  # never judged
     row("cooking", 1, 1, 1, 1, False),  # outside both groups
     {"summary_type": "overall_avg", "overall": 0.99},
@@ -77,7 +78,7 @@ def test_aggregate_matches_hand_computed_values():
     assert avg["text_accuracy"] == pytest.approx(0.75) and avg["aesthetics"] == pytest.approx((2 / 3 + 0.5) / 2)
     assert avg["overall"] == pytest.approx((sci["overall"] + 0.75) / 2)
     assert (avg["num_samples"], avg["num_groups"], avg["num_generation_failed"], avg["num_judge_failed"],
-            avg["num_unknown_category"]) == (5, 2, 1, 3, 1)
+            avg["num_unknown_category"]) == (5, 2, 2, 3, 1)
 
 
 def test_group_without_applicable_text_uses_half():
@@ -100,6 +101,8 @@ def test_malformed_judged_row_names_the_row():
     bad = {"id": 17, "success": True, "meta": {"category": "art"}, "scores": {"faithfulness": 1}}
     with pytest.raises(ValueError, match=r"K-Score row 17: K-Score judge output lacks"):
         kscore.aggregate([bad])
+    with pytest.raises(ValueError, match=r"K-Score row 'x': success must be a boolean .*got 'ok'"):
+        kscore.aggregate([{"id": "x", "success": "ok"}])
 
 
 def test_summary_rows_and_groups():
