@@ -35,8 +35,7 @@ from safetensors.numpy import save_file
 from ranger_jax.clients.cache import write_atomic
 from ranger_jax.models.qwen3_vl import config as config_lib
 from ranger_jax.models.qwen3_vl import model as model_lib
-from ranger_jax.parallel import mesh as mesh_lib
-from ranger_jax.parallel import rules
+from ranger_jax.parallel import placement
 
 log = logging.getLogger(__name__)
 
@@ -166,14 +165,6 @@ def checkpoint_files(path: Path) -> dict[str, SafetensorsFile]:
     raise CheckpointError(f"{path} holds neither {SINGLE_FILE} nor {INDEX_FILE}")
 
 
-def _key(path) -> str:
-    return jax.tree_util.keystr(path, simple=True, separator=".")
-
-
-def _is_variable(x) -> bool:
-    return isinstance(x, nnx.Variable)
-
-
 def load(path: str | os.PathLike, *, dtype: Any = jnp.float32, mesh: jax.sharding.Mesh | None = None,
          param_dtype: Any = None, remat: str = "none", attention: str = "einsum",
          sharding_rules: str = "train") -> model_lib.Qwen3VL:
@@ -196,14 +187,10 @@ def load(path: str | os.PathLike, *, dtype: Any = jnp.float32, mesh: jax.shardin
         attention=attention, sharding_rules=sharding_rules)
     files = checkpoint_files(path)
     abstract = nnx.eval_shape(lambda: model_lib.Qwen3VL(config, rngs=nnx.Rngs(0)))
-    graphdef, state = nnx.split(abstract)
-    shardings = None
-    if mesh is not None:
-        mesh_lib.check_mesh(mesh)
-        shardings = rules.param_shardings(state, mesh, config.sharding_rules)
-
-    expected = {_key(p): hf_shape(layout_of(_key(p)), tuple(v.shape), config)
-                for p, v in jax.tree_util.tree_flatten_with_path(state, is_leaf=_is_variable)[0]}
+    state = nnx.state(abstract)
+    variables = jax.tree_util.tree_flatten_with_path(state, is_leaf=placement.is_variable)[0]
+    expected = {placement.path_key(p): hf_shape(layout_of(placement.path_key(p)), tuple(v.shape), config)
+                for p, v in variables}
     missing = sorted(set(expected) - set(files))
     if missing:
         shown = ", ".join(f"{k} (expected shape {expected[k]})" for k in missing[:5])
@@ -218,21 +205,11 @@ def load(path: str | os.PathLike, *, dtype: Any = jnp.float32, mesh: jax.shardin
             raise CheckpointError(f"{path}: key {key} has shape {files[key].shape(key)} in the checkpoint, the model "
                                   f"expects {shape}")
 
-    flat_shardings = dict(jax.tree_util.tree_flatten_with_path(shardings)[0]) if shardings is not None else {}
+    def read(key: str, variable: nnx.Variable) -> np.ndarray:
+        log.debug("loading %s %s", key, tuple(variable.shape))
+        return to_ours(layout_of(key), files[key].get(key), tuple(variable.shape)).astype(variable.dtype)
 
-    def place(p, variable):
-        key = _key(p)
-        array = to_ours(layout_of(key), files[key].get(key), tuple(variable.shape)).astype(variable.dtype)
-        if mesh is None:
-            value = jax.device_put(array)
-        else:
-            sharding = flat_shardings[p]
-            value = jax.make_array_from_callback(array.shape, sharding, lambda index: array[index])
-        log.debug("loaded %s %s", key, array.shape)
-        return variable.replace(value)
-
-    state = jax.tree_util.tree_map_with_path(place, state, is_leaf=_is_variable)
-    return nnx.merge(graphdef, state)
+    return placement.materialize(abstract, read, mesh=mesh, rules=config.sharding_rules)
 
 
 # ----- writing ---------------------------------------------------------------------------------------------------
@@ -270,8 +247,8 @@ def save(model: model_lib.Qwen3VL, path: str | os.PathLike, *,
     config = model.config
     state = nnx.state(model, nnx.Param)
     entries = []  # (key, layout, hf shape, variable), in key order
-    for p, variable in jax.tree_util.tree_flatten_with_path(state, is_leaf=_is_variable)[0]:
-        key = _key(p)
+    for p, variable in jax.tree_util.tree_flatten_with_path(state, is_leaf=placement.is_variable)[0]:
+        key = placement.path_key(p)
         layout = layout_of(key)
         entries.append((key, layout, hf_shape(layout, tuple(variable.shape), config), variable))
     shards: list[list[tuple]] = [[]]

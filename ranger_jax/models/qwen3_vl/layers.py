@@ -7,36 +7,42 @@ when a model is built or loaded, never eagerly at construction (`eager_sharding=
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
-Initializer = Callable[[jax.Array, tuple[int, ...], jnp.dtype], jax.Array]
+class Init(NamedTuple):
+    """How a parameter is initialised; kept as `initializer` metadata so `init` can redraw it on the host."""
+
+    kind: str  # "normal" | "ones" | "zeros"
+    std: float = 0.0  # for "normal"
+
+    def draw(self, key: jax.Array, shape: tuple[int, ...], dtype: jnp.dtype) -> jax.Array:
+        if self.kind == "normal":
+            return (self.std * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
+        return (jnp.ones if self.kind == "ones" else jnp.zeros)(shape, dtype)
+
+    def draw_host(self, rng: np.random.Generator, shape: tuple[int, ...], dtype: jnp.dtype) -> np.ndarray:
+        if self.kind == "normal":
+            return (self.std * rng.standard_normal(shape, dtype=np.float32)).astype(dtype)
+        return (np.ones if self.kind == "ones" else np.zeros)(shape, dtype)
 
 
-def param(rngs: nnx.Rngs | None, init: Initializer, shape: Sequence[int], names: Sequence[str],
+ONES, ZEROS = Init("ones"), Init("zeros")
+
+
+def param(rngs: nnx.Rngs | None, init: Init, shape: Sequence[int], names: Sequence[str],
           dtype: jnp.dtype) -> nnx.Param:
-    """An `nnx.Param` of `shape` carrying one logical axis name per dimension."""
+    """An `nnx.Param` of `shape` carrying one logical axis name per dimension and its `Init`."""
     if len(names) != len(shape):
         raise ValueError(f"{len(names)} logical names {tuple(names)} for a parameter of shape {tuple(shape)}")
-    key = rngs.params() if rngs is not None else jax.random.key(0)
-    return nnx.Param(init(key, tuple(shape), dtype), out_sharding=tuple(names), eager_sharding=False)
-
-
-def normal(std: float) -> Initializer:
-    return lambda key, shape, dtype: (std * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
-
-
-def ones(key, shape, dtype):
-    del key
-    return jnp.ones(shape, dtype)
-
-
-def zeros(key, shape, dtype):
-    del key
-    return jnp.zeros(shape, dtype)
+    key = rngs.params() if rngs is not None and init.kind == "normal" else None
+    return nnx.Param(init.draw(key, tuple(shape), dtype), out_sharding=tuple(names), eager_sharding=False,
+                     initializer=init)
 
 
 class Linear(nnx.Module):
@@ -51,8 +57,8 @@ class Linear(nnx.Module):
                  rngs: nnx.Rngs):
         self.num_in_dims = len(in_shape)
         self.dtype = dtype
-        self.weight = param(rngs, normal(std), (*in_shape, *out_shape), (*in_names, *out_names), param_dtype)
-        self.bias = param(rngs, zeros, out_shape, out_names, param_dtype) if use_bias else None
+        self.weight = param(rngs, Init("normal", std), (*in_shape, *out_shape), (*in_names, *out_names), param_dtype)
+        self.bias = param(rngs, ZEROS, out_shape, out_names, param_dtype) if use_bias else None
 
     def __call__(self, x: jax.Array) -> jax.Array:
         y = jnp.tensordot(x.astype(self.dtype), self.weight[...].astype(self.dtype), axes=self.num_in_dims)
@@ -67,7 +73,7 @@ class Embedding(nnx.Module):
     def __init__(self, rows: int, width: int, names: Sequence[str], *, std: float, dtype: jnp.dtype,
                  param_dtype: jnp.dtype, rngs: nnx.Rngs):
         self.dtype = dtype
-        self.weight = param(rngs, normal(std), (rows, width), names, param_dtype)
+        self.weight = param(rngs, Init("normal", std), (rows, width), names, param_dtype)
 
     def __call__(self, ids: jax.Array) -> jax.Array:
         return jnp.take(self.weight[...], ids, axis=0).astype(self.dtype)
@@ -78,7 +84,7 @@ class RMSNorm(nnx.Module):
 
     def __init__(self, width: int, names: Sequence[str], *, eps: float, param_dtype: jnp.dtype):
         self.eps = eps
-        self.weight = param(None, ones, (width,), names, param_dtype)
+        self.weight = param(None, ONES, (width,), names, param_dtype)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         x32 = x.astype(jnp.float32)
@@ -91,8 +97,8 @@ class LayerNorm(nnx.Module):
 
     def __init__(self, width: int, names: Sequence[str], *, eps: float, param_dtype: jnp.dtype):
         self.eps = eps
-        self.weight = param(None, ones, (width,), names, param_dtype)
-        self.bias = param(None, zeros, (width,), names, param_dtype)
+        self.weight = param(None, ONES, (width,), names, param_dtype)
+        self.bias = param(None, ZEROS, (width,), names, param_dtype)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         x32 = x.astype(jnp.float32)

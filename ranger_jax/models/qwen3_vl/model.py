@@ -15,6 +15,8 @@ apart and a compile keyed on `pixel_values` shapes does not recompile the decode
 
 from __future__ import annotations
 
+import zlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -22,7 +24,7 @@ from flax import nnx
 
 from ranger_jax.models.qwen3_vl import attention, layers, rope, text, vision
 from ranger_jax.models.qwen3_vl import config as config_lib
-from ranger_jax.parallel import mesh as mesh_lib
+from ranger_jax.parallel import placement
 from ranger_jax.parallel import rules
 from ranger_jax.parallel.rules import constrain
 
@@ -221,24 +223,20 @@ _jitted_forward = nnx.jit(Qwen3VL.forward)
 
 
 def init(config: config_lib.Qwen3VLConfig, *, seed: int = 0, mesh: jax.sharding.Mesh | None = None) -> Qwen3VL:
-    """A randomly initialised model; with `mesh`, every parameter is created inside jit directly in its sharding.
+    """A randomly initialised model, each parameter drawn on the host and placed straight into its sharding.
+
+    Every parameter follows its `layers.Init` (normal with `initializer_range`, ones, zeros) from a numpy
+    generator seeded by `(seed, crc32(parameter path))`, so values do not depend on the mesh and creation compiles
+    nothing (XLA:CPU needs ~0.5 s per random op to compile). `Qwen3VL(config, rngs=...)` draws with jax.random
+    instead.
 
     Raises:
         ValueError: a parameter whose logical names or sizes do not fit `config.sharding_rules` on `mesh`.
     """
-    create = lambda: Qwen3VL(config, rngs=nnx.Rngs(seed))  # noqa: E731
-    if mesh is None:
-        return create()
-    mesh_lib.check_mesh(mesh)
-    abstract = nnx.eval_shape(create)
-    shardings = rules.param_shardings(nnx.state(abstract), mesh, config.sharding_rules)
+    abstract = nnx.eval_shape(lambda: Qwen3VL(config, rngs=nnx.Rngs(seed)))
 
-    @nnx.jit
-    def build():
-        model = create()
-        state = jax.lax.with_sharding_constraint(nnx.state(model), shardings)
-        nnx.update(model, state)
-        return model
+    def draw(key: str, variable: nnx.Variable) -> np.ndarray:
+        rng = np.random.default_rng([seed, zlib.crc32(key.encode("utf-8"))])
+        return variable.get_metadata()["initializer"].draw_host(rng, tuple(variable.shape), variable.dtype)
 
-    with jax.set_mesh(mesh):
-        return build()
+    return placement.materialize(abstract, draw, mesh=mesh, rules=config.sharding_rules)
