@@ -152,6 +152,14 @@ class Trajectory:
         if stray.size:
             raise ValueError(f"sampler_logprobs[{stray[0]}] = {self.sampler_logprobs[stray[0]]} where loss_mask is 0 "
                              "(must be 0)")
+        for name in ("task_id", "group_id"):
+            if not isinstance(getattr(self, name), str):
+                raise ValueError(f"{name} must be a str, got {type(getattr(self, name)).__name__}")
+        for name in ("sample_index", "policy_version"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise ValueError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+            object.__setattr__(self, name, int(value))
         if self.sample_index < 0:
             raise ValueError(f"sample_index must be >= 0, got {self.sample_index}")
         if not math.isfinite(self.reward):

@@ -156,3 +156,18 @@ def test_session_per_call_retries_and_argument_errors(server):
         http.Session("http://x", max_retries=-1)
     with pytest.raises(ValueError, match="timeout must be > 0"):
         http.as_timeout(0)
+
+
+def test_async_retry_loop_matches_the_sync_one(server):
+    server.fail_next("POST", "/ok", Reply(status=429, headers=NO_WAIT), Reply(status=500, headers=NO_WAIT))
+    calls = count_delta(server, "POST", "/ok")
+
+    async def run():
+        async with httpx.AsyncClient() as client:
+            ok = await http.arequest_with_retries(client, "POST", f"{server.url}/ok", json={"b": 2})
+            server.fail_next("POST", "/ok", *[Reply(status=503, headers=NO_WAIT)] * 2)
+            with pytest.raises(http.StatusError, match="HTTP 503"):
+                await http.arequest_with_retries(client, "POST", f"{server.url}/ok", max_retries=1, json={})
+            return ok
+
+    assert asyncio.run(run()).json() == {"echo": {"b": 2}} and calls() == 5

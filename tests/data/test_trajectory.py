@@ -63,6 +63,8 @@ def shifted(t, name, value):
     (lambda t: shifted(t, "sampler_logprobs", np.where(t.loss_mask == 1, np.nan, 0)), r"sampler_logprobs\[\d+\] is not finite"),
     (lambda t: shifted(t, "sampler_logprobs", np.full(t.num_tokens, -0.5)), r"sampler_logprobs\[0\] = -0.5 where loss_mask is 0"),
     (lambda t: shifted(t, "sample_index", -1), "sample_index must be >= 0, got -1"),
+    (lambda t: shifted(t, "policy_version", "step_3"), "policy_version must be an int, got str 'step_3'"),
+    (lambda t: shifted(t, "task_id", 7), "task_id must be a str, got int"),
     (lambda t: shifted(t, "reward", float("inf")), "reward must be finite, got inf"),
     (lambda t: shifted(t, "generated_image", b"GIF89a"), "generated_image must be PNG-encoded bytes"),
     (lambda t: shifted(t, "generation_error", "boom"), r"generated_image and generation_error are both set \('boom'\)"),
