@@ -119,8 +119,8 @@ def combine(image_reward: float | None, text_reward: float | None, alpha: float,
 
 
 def hard_zero(*, question: str | None, has_ground_truth: bool, termination: str | None, answer: core.Answer | None,
-              known_img_ids: Collection[str], valid_img_ids: Collection[str] | None = None,
-              alpha: float = 0.0) -> RewardBreakdown | None:
+              known_img_ids: Collection[str], valid_img_ids: Collection[str] | None = None, alpha: float = 0.0,
+              min_references: int = MIN_REFERENCES, max_references: int = MAX_REFERENCES) -> RewardBreakdown | None:
     """The zero breakdown of the first hard-zero rule that applies before generation, or None.
 
     Args:
@@ -131,7 +131,10 @@ def hard_zero(*, question: str | None, has_ground_truth: bool, termination: str 
         known_img_ids: every img_id the episode assigned.
         valid_img_ids: the ids whose local image file exists (defaults to `known_img_ids`).
         alpha: recorded on the breakdown.
+        min_references / max_references: allowed count of valid local references (the env's reward settings).
     """
+    if not 0 <= min_references <= max_references:
+        raise ValueError(f"need 0 <= min_references <= max_references, got {min_references}, {max_references}")
     if not has_ground_truth:
         return zero(GT_MISSING, "the task has no ground truth to score against", alpha=alpha)
     if not (question or "").strip():
@@ -150,7 +153,7 @@ def hard_zero(*, question: str | None, has_ground_truth: bool, termination: str 
         return zero(EMPTY_GEN_PROMPT, "the answer's gen_prompt is empty", alpha=alpha)
     valid = set(known if valid_img_ids is None else valid_img_ids)
     count = sum(ref.img_id in valid for ref in answer.reference_images)
-    if not MIN_REFERENCES <= count <= MAX_REFERENCES:
-        return zero(REFERENCE_COUNT, f"{count} valid local references, allowed [{MIN_REFERENCES}, {MAX_REFERENCES}]",
+    if not min_references <= count <= max_references:
+        return zero(REFERENCE_COUNT, f"{count} valid local references, allowed [{min_references}, {max_references}]",
                     alpha=alpha)
     return None

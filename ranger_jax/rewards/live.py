@@ -51,18 +51,23 @@ class LiveReward:
         text_judge: text-reward judge for R_text (required unless α = 0).
         alpha: weight of R_text, clamped to [0, 1] (Gen-Searcher ships 0.5; 0 when unset).
         seed: generator seed pinned for every episode (Gen-Searcher: 0).
+        min_references / max_references: allowed count of valid local references (Gen-Searcher: 1 and 4); how
+            many of them reach the generator is the generator's own `max_references` (Gen-Searcher: 3).
     """
 
     def __init__(self, generator: images.Generator, *, image_judge: KScoreJudge | None,
-                 text_judge: TextRewardJudge | None, alpha: float = 0.5, seed: int = 0):
+                 text_judge: TextRewardJudge | None, alpha: float = 0.5, seed: int = 0,
+                 min_references: int = combine.MIN_REFERENCES, max_references: int = combine.MAX_REFERENCES):
         self.generator, self.image_judge, self.text_judge = generator, image_judge, text_judge
         self.alpha, self.seed = combine.clamp_alpha(alpha), seed
+        self.min_references, self.max_references = min_references, max_references
 
     def _precheck(self, episode: Episode) -> tuple[combine.RewardBreakdown | None, list[str]]:
         valid = [i for i, record in episode.images.items() if os.path.isfile(record.path)]
         zero = combine.hard_zero(question=episode.question, has_ground_truth=episode.ground_truth is not None,
                                  termination=episode.termination, answer=episode.answer,
-                                 known_img_ids=episode.images, valid_img_ids=valid, alpha=self.alpha)
+                                 known_img_ids=episode.images, valid_img_ids=valid, alpha=self.alpha,
+                                 min_references=self.min_references, max_references=self.max_references)
         if zero is not None or episode.answer is None:
             return zero, []
         paths = [episode.images[ref.img_id].path for ref in episode.answer.reference_images if ref.img_id in valid]

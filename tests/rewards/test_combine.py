@@ -56,6 +56,14 @@ def test_hard_zero_rules(changes, reason, detail):
     assert re.search(detail, zero.detail), zero.detail
 
 
+def test_reference_bounds_are_settings():
+    two = {**OK, "answer": answer("IMG_001", "IMG_002")}
+    assert combine.hard_zero(**two, max_references=1).detail == "2 valid local references, allowed [1, 1]"
+    assert combine.hard_zero(**{**OK, "answer": answer()}, min_references=0) is None
+    with pytest.raises(ValueError, match="need 0 <= min_references <= max_references, got 3, 2"):
+        combine.hard_zero(**OK, min_references=3, max_references=2)
+
+
 def test_valid_answers_pass_the_rules():
     assert combine.hard_zero(**OK) is None
     assert combine.hard_zero(**{**OK, "answer": answer(*KNOWN[:4])}) is None
