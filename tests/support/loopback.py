@@ -115,7 +115,7 @@ class LoopbackServer:
         self._httpd = ThreadingHTTPServer((host, 0), _Handler)
         self._httpd.daemon_threads = True
         self.host, self.port = self._httpd.server_address[:2]
-        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
 
     @property
     def url(self) -> str:
