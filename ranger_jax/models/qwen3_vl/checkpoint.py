@@ -279,8 +279,9 @@ def save(model: model_lib.Qwen3VL, path: str | os.PathLike, *,
     if len(shards) > 1:
         index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
         write_atomic(path / INDEX_FILE, json.dumps(index, indent=2).encode("utf-8"))
+    keep = set(names) | ({INDEX_FILE} if len(shards) > 1 else set())
     for stale in path.iterdir():
-        if stale.name not in names and (stale.name in (SINGLE_FILE, INDEX_FILE) or _SHARD_NAME.fullmatch(stale.name)):
-            if not (stale.name == INDEX_FILE and len(shards) > 1):
-                stale.unlink()
+        weights = stale.name in (SINGLE_FILE, INDEX_FILE) or _SHARD_NAME.fullmatch(stale.name)
+        if weights and stale.name not in keep:
+            stale.unlink()
     write_atomic(path / "config.json", json.dumps(config.to_hf(), indent=2).encode("utf-8"))

@@ -76,7 +76,8 @@ class Embedding(nnx.Module):
         self.weight = param(rngs, Init("normal", std), (rows, width), names, param_dtype)
 
     def __call__(self, ids: jax.Array) -> jax.Array:
-        return jnp.take(self.weight[...], ids, axis=0).astype(self.dtype)
+        # out-of-range ids are rejected on the host (`model.check_inputs`); clip keeps traced calls NaN-free
+        return jnp.take(self.weight[...], ids, axis=0, mode="clip").astype(self.dtype)
 
 
 class RMSNorm(nnx.Module):

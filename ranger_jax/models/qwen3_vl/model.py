@@ -38,13 +38,18 @@ def check_inputs(config: config_lib.Qwen3VLConfig, input_ids, attention_mask=Non
     """Checks a `Qwen3VL.__call__` input batch on the host; every message names the counts that disagree.
 
     Raises:
-        ValueError: bad shapes, pixel_values without image_grid_thw (or the reverse), a grid not divisible by the
+        ValueError: bad shapes, ids outside the vocabulary, pixel_values without image_grid_thw (or the reverse), a grid not divisible by the
             merge size, patch rows != the grid's patches, image tokens != merged patches, image tokens that are
             padded or split, or video tokens (video input is not implemented).
     """
     ids = np.asarray(input_ids)
     if ids.ndim != 2:
         raise ValueError(f"input_ids must be [B, T], got shape {ids.shape}")
+    vocab = config.text_config.vocab_size
+    outside = ids[(ids < 0) | (ids >= vocab)]
+    if outside.size:
+        raise ValueError(f"input_ids hold {outside.size} ids outside the vocabulary [0, {vocab}), e.g. "
+                         f"{int(outside[0])} (pads need a real id too)")
     if attention_mask is not None and np.shape(attention_mask) != ids.shape:
         raise ValueError(f"attention_mask shape {np.shape(attention_mask)} != input_ids shape {ids.shape}")
     mask = np.ones(ids.shape, bool) if attention_mask is None else np.asarray(attention_mask).astype(bool)

@@ -64,6 +64,7 @@ TEXT_SIDES = ["right", "left", "right"]
 @dataclasses.dataclass
 class Case:
     name: str
+    seed: int  # weights seed of the checkpoint
     config: Qwen3VLConfig
     hf: object  # transformers.Qwen3VLForConditionalGeneration, float32, eager
     path: object  # checkpoint directory
@@ -83,8 +84,9 @@ def checkpoints(tmp_path_factory):
     def get(name: str) -> Case:
         if name not in cache:
             path = tmp_path_factory.mktemp(f"hf_{name}")
-            hf = tiny_hf.save_checkpoint(CONFIGS[name], path, seed=sorted(CONFIGS).index(name))
-            cache[name] = Case(name, CONFIGS[name], hf, path, load(path))
+            seed = sorted(CONFIGS).index(name)
+            hf = tiny_hf.save_checkpoint(CONFIGS[name], path, seed=seed)
+            cache[name] = Case(name, seed, CONFIGS[name], hf, path, load(path))
         return cache[name]
 
     return get

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import torch
 from flax import nnx
 from support import tiny_hf
 
@@ -57,8 +60,7 @@ def test_bf16_compute_within_stated_tolerance(checkpoints, image_batch):
     batch = image_batch(case.config)
     mask = batch["attention_mask"].astype(bool)
     ref = tiny_hf.hf_logits(case.hf, batch)
-    torch_bf16 = tiny_hf.hf_logits(tiny_hf.build_model(case.config, seed=sorted(
-        ["jax_stack", "scaled_8b", "tied"]).index("scaled_8b")).to(dtype=__import__("torch").bfloat16), batch)
+    torch_bf16 = tiny_hf.hf_logits(tiny_hf.build_model(case.config, seed=case.seed, dtype=torch.bfloat16), batch)
     torch_err = np.abs(torch_bf16 - ref)[mask]
     model = load(case.path, dtype=jnp.bfloat16)
     assert model.model.language_model.layers[0].mlp.up_proj.weight[...].dtype == jnp.bfloat16
@@ -111,6 +113,9 @@ def test_input_errors_name_the_counts():
     _check(model, batch, r"attention_mask shape \(2, 5\) != input_ids shape", attention_mask=np.ones((2, 5)))
     with pytest.raises(ValueError, match=r"input_ids must be \[B, T\], got shape \(12,\)"):
         model(ids[0])
+    outside = ids.copy()
+    outside[1, 0] = 256
+    _check(model, batch, r"input_ids hold 1 ids outside the vocabulary \[0, 256\), e.g. 256", input_ids=outside)
     padded = batch["attention_mask"].copy()
     padded[0, 3] = 0  # an image token of row 0
     _check(model, batch, r"1 image tokens sit at padded positions", attention_mask=padded)
@@ -173,20 +178,14 @@ def test_remat_policies_give_identical_gradients():
     base = Qwen3VLConfig.tiny()
     ids = np.arange(8, 20).reshape(2, 6) % base.text_config.vocab_size
 
-    def grads(remat: str):
-        import dataclasses
+    def loss(model):
+        return jnp.mean(jax.nn.log_softmax(model(ids))[..., 7])
+
+    grads = {}
+    for remat in ("none", "full"):
         model = init(dataclasses.replace(base, remat=remat), seed=0)
-
-        def loss(m):
-            return jnp.mean(jax.nn.log_softmax(m(ids))[..., 7])
-
-        fn = nnx.grad(loss)
-        jaxpr = str(jax.make_jaxpr(lambda m: loss(m))(model)) if remat == "none" else ""
-        return nnx.jit(fn)(model), jaxpr, model
-
-    plain, _, model = grads("none")
-    full, _, remat_model = grads("full")
-    jaxpr = str(jax.make_jaxpr(nnx.grad(lambda m: jnp.sum(m(ids))))(remat_model))
-    assert "remat" in jaxpr or "checkpoint" in jaxpr
-    for a, b in zip(jax.tree.leaves(plain), jax.tree.leaves(full)):
+        jaxpr = str(jax.make_jaxpr(nnx.grad(loss))(model))
+        assert ("checkpoint" in jaxpr or "remat" in jaxpr) == (remat != "none"), remat
+        grads[remat] = nnx.jit(nnx.grad(loss))(model)
+    for a, b in zip(jax.tree.leaves(grads["none"]), jax.tree.leaves(grads["full"]), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
