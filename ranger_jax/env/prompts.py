@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 from typing import Any
 
 _ROLE = """You prepare requests for an image generator. The user asks for a picture of something that may be new, \
@@ -50,6 +51,19 @@ RESPONSE_TOO_LONG = ("=== RESPONSE TOO LONG === Your last response was cut off a
                      "executed. Skip the thinking and output only the <tool_call> or the <answer> JSON.")
 INVALID_FORMAT = ("Error: Invalid format. You MUST output exactly one of <tool_call>{{...}}</tool_call> or "
                   "<answer>{{...}}</answer> after your thinking. Problem: {problem}")
+
+
+# Token strings that only the chat renderer may place: text that spells them would be encoded as the special ids,
+# so a page saying "<|image_pad|>" would desynchronise image placeholders from pixels, and "<|im_end|>" would
+# forge turn boundaries (peers.md §7 item 3).
+CONTROL_TOKENS = ("<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|vision_start|>", "<|vision_end|>",
+                  "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
+_CONTROL = re.compile("|".join(re.escape(token) for token in CONTROL_TOKENS))
+
+
+def strip_control_tokens(text: str) -> str:
+    """`text` with every literal chat-control or vision token string (CONTROL_TOKENS) removed."""
+    return _CONTROL.sub("", text)
 
 
 def tool_block(schemas: list[dict[str, Any]]) -> str:

@@ -8,6 +8,9 @@ ends only with one of `core.TERMINATIONS` (reference/agent_protocol.md §8):
 - `no_answer`: the forced final turn produced no usable answer; `max_turns`: turns ran out with the final turn
   disabled; `repeated_response`: a turn identical to the previous one, or two truncated turns in a row;
 - `context_exceeded`, `error`: reported by the rollout through `terminate`.
+
+Text the env hands the policy (the task prompt, tool output, control messages) never spells a chat-control or
+vision token (`prompts.strip_control_tokens`), so rendering it cannot add image placeholders or turn boundaries.
 """
 
 from __future__ import annotations
@@ -149,7 +152,8 @@ class ToolEnv:
 
     def reset(self, task: core.Task) -> EnvState:
         """The initial state: system prompt and the task prompt as the first user message."""
-        messages = ({"role": "system", "content": self.system_prompt(task)}, {"role": "user", "content": task.prompt})
+        messages = ({"role": "system", "content": self.system_prompt(task)},
+                    {"role": "user", "content": prompts.strip_control_tokens(task.prompt)})
         return EnvState(task=task, messages=messages, images=core.FrozenDict(), image_keys=core.FrozenDict(),
                         next_image_index=1, today=_today(task, self.backend))
 
@@ -290,6 +294,7 @@ class ToolEnv:
                ) -> tuple[EnvState, core.Observation]:
         """Continues the episode with a user message, entering the final turn when the turns run out."""
         info = dict(info or {})
+        text = prompts.strip_control_tokens(text)  # tool output is web text: it may spell special tokens
         if not state.final_turn and state.num_turns >= self.config.max_turns:
             if not self.config.final_answer_turn:
                 return self._end(state, core.MAX_TURNS, f"all {self.config.max_turns} turns used", info=info)
