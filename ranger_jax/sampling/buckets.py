@@ -1,0 +1,92 @@
+"""Static shape buckets: every size a compiled sampler function sees is rounded up to a power of two.
+
+Batch, appended tokens per row, KV-cache slots, vision patches, images per call, new tokens per call and stop ids
+per row each round up to `max(minimum, 2**ceil(log2(n)))`, so steady-state decoding reuses a handful of compiled
+programs (peers.md §4, lesson 5). Image patches round to a multiple of `spatial_merge_size**2` times a power of
+two, and the padding patches become one extra dummy image so the vision tower never mixes them into a real image.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+
+def round_up(n: int, minimum: int) -> int:
+    """The smallest power of two >= max(n, minimum) (minimum itself is rounded up to a power of two)."""
+    n = max(int(n), int(minimum), 1)
+    return 1 << (n - 1).bit_length()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Buckets:
+    """Smallest bucket of each padded dimension (each is rounded up to a power of two)."""
+
+    min_batch: int = 1  # rows of a session (B)
+    min_length: int = 16  # tokens appended to a row in one call (T)
+    min_cache: int = 128  # KV-cache slots per row (S); the cache grows by doubling
+    min_patches: int = 64  # vision patch rows of one append call (P), in units of spatial_merge_size**2
+    min_images: int = 2  # images of one append call, including the dummy padding image
+    min_new_tokens: int = 16  # length of the output buffer of one generate call
+    min_stop_ids: int = 4  # stop token ids per row
+
+    def __post_init__(self):
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"Buckets.{field.name} must be a positive int, got {value!r}")
+
+    def batch(self, n: int) -> int:
+        return round_up(n, self.min_batch)
+
+    def length(self, n: int) -> int:
+        return round_up(n, self.min_length)
+
+    def cache(self, n: int) -> int:
+        return round_up(n, self.min_cache)
+
+    def new_tokens(self, n: int) -> int:
+        return round_up(n, self.min_new_tokens)
+
+    def stop_ids(self, n: int) -> int:
+        return round_up(n, self.min_stop_ids)
+
+    def patches(self, n: int, merge: int) -> int:
+        """Padded patch rows: merge**2 times a power of two, >= n."""
+        unit = merge * merge
+        return unit * round_up(-(-n // unit), max(1, self.min_patches // unit))
+
+    def images(self, n: int) -> int:
+        return round_up(n, self.min_images)
+
+
+def pad_images(pixel_values: np.ndarray, grid_thw: np.ndarray, *, num_patches: int, num_images: int,
+               merge: int) -> tuple[np.ndarray, np.ndarray]:
+    """Pads the patch rows and grid list of one call to bucket sizes without changing the real images' features.
+
+    The padding rows form one dummy image of grid (1, merge, pad / merge) right after the real images (attention
+    in the tower stays inside an image, so real features are untouched), and the grid list is filled with
+    (1, merge, merge) entries that own no patch rows and no placeholder tokens.
+
+    Args:
+        pixel_values: [P, I] float32 real patch rows.
+        grid_thw: [n, 3] int real grids.
+        num_patches: bucket size >= P, a multiple of merge**2.
+        num_images: bucket size >= n + 1.
+        merge: spatial_merge_size.
+
+    Returns:
+        pixel_values [num_patches, I] and grid_thw [num_images, 3] int32.
+    """
+    real, features = pixel_values.shape
+    count = grid_thw.shape[0]
+    assert num_patches >= real and (num_patches - real) % (merge * merge) == 0 and num_images > count
+    padded = np.zeros((num_patches, features), np.float32)
+    padded[:real] = pixel_values
+    grid = np.tile(np.asarray([[1, merge, merge]], np.int32), (num_images, 1))
+    grid[:count] = grid_thw
+    spare = num_patches - real
+    if spare:
+        grid[count] = (1, merge, spare // merge)
+    return padded, grid

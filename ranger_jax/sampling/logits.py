@@ -1,0 +1,98 @@
+"""Next-token choice from logits: suppressed ids, temperature, top-k, top-p, per-row PRNG keys, log-probabilities.
+
+Every function is pure and jittable, and every sampling setting is a per-row array, so one compiled decode step
+serves any mix of greedy and sampled rows.
+
+Order (transformers' `TopKLogitsWarper` then `TopPLogitsWarper`): suppressed ids are removed, logits are divided by
+the temperature, the `top_k` highest survive (ties with the k-th value survive too), then top-p keeps, in
+descending order, every token whose preceding probability mass (of the renormalised survivors) is below `top_p`,
+so the most likely token always survives.
+
+Log-probabilities follow SGLang's `return_logprob`: `log_softmax(logits / temperature)` over the FULL vocabulary,
+before suppression and before top-k/top-p filtering; greedy rows (temperature 0) report the unscaled
+`log_softmax(logits)`. They are the policy's own log-probabilities, which a learner recomputes from logits alone.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+NEG_INF = -jnp.inf
+
+
+def suppress(logits: jax.Array, suppressed: jax.Array) -> jax.Array:
+    """Sets suppressed ids to -inf.
+
+    Args:
+        logits: [B, V] float32.
+        suppressed: [V] bool, True for ids never to sample (vision placeholders).
+    """
+    return jnp.where(suppressed[None, :], NEG_INF, logits)
+
+
+def filter_top_k_top_p(logits: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
+    """Sets every id outside the top-k / top-p set of its row to -inf.
+
+    Args:
+        logits: [B, V] float32, already divided by the temperature (-inf for suppressed ids).
+        top_k: [B] int32, keep the k highest; 0 (or >= V) keeps all.
+        top_p: [B] float32 in (0, 1]; 1 keeps all.
+
+    Returns:
+        [B, V] float32: `logits` where kept, -inf elsewhere.
+    """
+    vocab = logits.shape[-1]
+    ranked = -jnp.sort(-logits, axis=-1)  # [B, V] descending
+    rank = jnp.arange(vocab)[None, :]
+    k = jnp.where((top_k <= 0) | (top_k > vocab), vocab, top_k)[:, None]  # [B, 1]
+    ranked = jnp.where(rank < k, ranked, NEG_INF)  # top-k on the sorted values
+    probs = jax.nn.softmax(ranked, axis=-1)
+    before = jnp.cumsum(probs, axis=-1) - probs  # mass of strictly higher-ranked tokens
+    keep = (before < top_p[:, None]) & (rank < k)
+    keep = keep.at[:, 0].set(True)
+    threshold = jnp.min(jnp.where(keep, ranked, jnp.inf), axis=-1, keepdims=True)  # lowest kept value
+    return jnp.where(logits >= threshold, logits, NEG_INF)
+
+
+def _row_keys(seeds: jax.Array, counters: jax.Array) -> jax.Array:
+    """[B] typed PRNG keys: `fold_in(key(seed), counter)` per row, independent of the rest of the batch."""
+    return jax.vmap(lambda s, c: jax.random.fold_in(jax.random.key(s), c))(seeds, counters)
+
+
+def choose_tokens(logits: jax.Array, *, suppressed: jax.Array, temperature: jax.Array, top_k: jax.Array,
+                  top_p: jax.Array, seeds: jax.Array, counters: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Picks one token per row and returns it with its log-probability.
+
+    Args:
+        logits: [B, V] float32 next-token logits.
+        suppressed: [V] bool, ids never picked.
+        temperature: [B] float32; <= 0 means greedy (argmax).
+        top_k: [B] int32, 0 = off.
+        top_p: [B] float32, 1 = off.
+        seeds: [B] uint32 per-row seeds.
+        counters: [B] int32 folded into each row's key (the row's cache length, so each step and turn differs).
+
+    Returns:
+        tokens: [B] int32.
+        logprobs: [B] float32, see the module docstring.
+    """
+    logits = logits.astype(jnp.float32)
+    greedy = temperature <= 0
+    scale = jnp.where(greedy, 1.0, temperature)[:, None]
+    scaled = logits / scale
+    logprobs_all = jax.nn.log_softmax(scaled, axis=-1)  # [B, V], full vocabulary, before any filtering
+
+    allowed = suppress(scaled, suppressed)
+    greedy_tokens = jnp.argmax(allowed, axis=-1).astype(jnp.int32)
+
+    def draw(x):
+        needs_filter = jnp.any(~greedy & ((top_k > 0) | (top_p < 1.0)))
+        x = jax.lax.cond(needs_filter, lambda y: filter_top_k_top_p(y, top_k, top_p), lambda y: y, x)
+        drawn = jax.vmap(jax.random.categorical)(_row_keys(seeds, counters), x).astype(jnp.int32)
+        return jnp.where(greedy, greedy_tokens, drawn)
+
+    # the sort of top-k/top-p and the Gumbel draw over V only run when some row needs them
+    tokens = jax.lax.cond(jnp.all(greedy), lambda x: greedy_tokens, draw, allowed)
+    logprobs = jnp.take_along_axis(logprobs_all, tokens[:, None], axis=-1)[:, 0]
+    return tokens, logprobs

@@ -1,0 +1,364 @@
+"""Batched KV-cache sampling for Qwen3-VL: append segments (prefill), then decode in one jitted while-loop.
+
+    sampler = Sampler(model)                                # model from qwen3_vl.load(..., sharding_rules="sample")
+    [done] = sampler.complete([Segment(prompt_ids)], SamplingParams(temperature=0.0, max_new_tokens=32))
+
+    session = sampler.new_session(4)                        # multi-turn: rows are conversations
+    sampler.append(session, [Segment(ids, pixel_values, grid_thw), None, ...])
+    completions = sampler.generate(session, [SamplingParams(seed=1), None, ...])
+    sampler.append(session, [Segment(tool_response_ids, new_pixels, new_grids), None, ...])  # appends, no re-run
+
+Three compiled functions, each keyed only on bucketed shapes (`buckets.Buckets`): the vision tower on the new
+images of a call, `append` (new tokens with their image features and DeepStack rows into the cache, MRoPE
+positions continuing each row's history), and `decode` (a `lax.while_loop` that samples from the last logits,
+writes the token into the cache and runs the decoder, until every row stopped or reached its budget). Sampled
+tokens are always fed back, so a session holds every token it returned and the next turn starts from its logits.
+`num_compilations` counts the traces of the three.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from ranger_jax.models.qwen3_vl import attention, rope
+from ranger_jax.models.qwen3_vl import model as model_lib
+from ranger_jax.parallel import rules
+from ranger_jax.parallel.rules import constrain
+from ranger_jax.sampling import buckets as buckets_lib
+from ranger_jax.sampling import cache as cache_lib
+from ranger_jax.sampling import logits as logits_lib
+
+FINISH_STOP = "stop"  # sampled one of its stop ids (kept as the last token)
+FINISH_LENGTH = "length"  # reached max_new_tokens
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SamplingParams:
+    """How one row samples in one `generate` call."""
+
+    temperature: float = 1.0  # 0 = greedy; logits are divided by it before top-k/top-p
+    top_p: float = 1.0  # nucleus mass in (0, 1]; 1 = off
+    top_k: int = 0  # keep the k most likely ids; 0 = off
+    max_new_tokens: int = 128  # budget of new tokens in this call
+    stop_token_ids: tuple[int, ...] = ()  # ids that end the row (kept as its last token), e.g. <|im_end|>
+    seed: int = 0  # per-row PRNG seed; same seed and history give the same tokens
+
+    def __post_init__(self):
+        if not self.temperature >= 0:
+            raise ValueError(f"SamplingParams.temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"SamplingParams.top_k must be an int >= 0 (0 = off), got {self.top_k!r}")
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise ValueError(f"SamplingParams.max_new_tokens must be an int >= 1, got {self.max_new_tokens!r}")
+        if not isinstance(self.seed, int) or not 0 <= self.seed < 2**32:
+            raise ValueError(f"SamplingParams.seed must be an int in [0, 2**32), got {self.seed!r}")
+        object.__setattr__(self, "stop_token_ids", tuple(int(i) for i in self.stop_token_ids))
+
+
+@dataclasses.dataclass(frozen=True)
+class Segment:
+    """Tokens appended to one row, with the images whose placeholders they hold (transformers' conventions)."""
+
+    token_ids: Sequence[int]  # [T] ids, each image expanded to vision_start + M image pads + vision_end
+    pixel_values: np.ndarray | None = None  # [P, I] patch rows of this segment's images, in order
+    image_grid_thw: np.ndarray | None = None  # [num_images, 3] (t, h, w) in patches
+
+
+@dataclasses.dataclass(frozen=True)
+class Completion:
+    """What one row generated in one `generate` call."""
+
+    token_ids: np.ndarray  # [n] int32, including the stop id when finish_reason == "stop"
+    logprobs: np.ndarray  # [n] float32, see `logits` (log_softmax(logits / T), full vocabulary, before filtering)
+    finish_reason: str  # FINISH_STOP or FINISH_LENGTH
+
+
+def _per_row(value, num_rows: int, what: str) -> list:
+    if value is None or isinstance(value, (SamplingParams, Segment)):
+        return [value] * num_rows
+    items = list(value)
+    if len(items) != num_rows:
+        raise ValueError(f"got {len(items)} {what} for a session of {num_rows} rows; pass one per row (None to skip)")
+    return items
+
+
+class Sampler:
+    """Generates from a `Qwen3VL` with a sharded, bucketed KV cache (see the module docstring)."""
+
+    def __init__(self, model: model_lib.Qwen3VL, *, mesh: jax.sharding.Mesh | None = None,
+                 buckets: buckets_lib.Buckets | None = None, suppress_token_ids: Sequence[int] = ()):
+        """Wraps `model` for sampling.
+
+        Args:
+            model: the policy; its parameters stay where they are (load it with sharding_rules="sample" and `mesh`).
+            mesh: the ("data", "fsdp", "tensor") mesh of the parameters, or None on one device.
+            buckets: smallest sizes of the padded shapes.
+            suppress_token_ids: ids never sampled besides the vision ids of the config (image/video pads,
+                vision start/end), e.g. the tokenizer's `<|vision_pad|>`.
+
+        Raises:
+            ValueError: a suppressed id outside the vocabulary.
+        """
+        self.config = model.config
+        self.mesh = mesh
+        self.buckets = buckets or buckets_lib.Buckets()
+        vocab = self.config.text_config.vocab_size
+        c = self.config
+        ids = {c.image_token_id, c.video_token_id, c.vision_start_token_id, c.vision_end_token_id,
+               *(int(i) for i in suppress_token_ids)}
+        outside = sorted(i for i in ids if not 0 <= i < vocab)
+        if outside:
+            raise ValueError(f"suppress_token_ids {outside} are outside the vocabulary [0, {vocab})")
+        self.suppressed_token_ids = tuple(sorted(ids))
+        suppressed = np.zeros(vocab, bool)
+        suppressed[list(ids)] = True
+        self._suppressed = jnp.asarray(suppressed)
+        self.graphdef, self.state = nnx.split(model)
+        self._traces: collections.Counter[str] = collections.Counter()
+        self._encode = jax.jit(self._encode_images)
+        self._append = jax.jit(self._append_tokens, donate_argnames=("caches",))
+        self._decode = jax.jit(self._decode_tokens, static_argnames=("num_steps",), donate_argnames=("caches",))
+
+    # ----- bookkeeping ---------------------------------------------------------------------------------------------
+
+    @property
+    def num_compilations(self) -> int:
+        """How many programs this sampler compiled (traces of its vision, append and decode functions)."""
+        return sum(self._traces.values())
+
+    @property
+    def compilations(self) -> dict[str, int]:
+        """Compilations per function: {"encode_images": n, "append": n, "decode": n}."""
+        return {name: self._traces[name] for name in ("encode_images", "append", "decode")}
+
+    def update_weights(self, model: model_lib.Qwen3VL) -> None:
+        """Swaps in new parameters of the same architecture (no recompilation); sessions stay valid only as caches
+        of the old weights.
+
+        Raises:
+            ValueError: `model` has a different structure or config.
+        """
+        graphdef, state = nnx.split(model)
+        if graphdef != self.graphdef or model.config != self.config:
+            raise ValueError("update_weights needs a model with the sampler's config and structure; build a new "
+                             "Sampler for another architecture")
+        self.state = state
+
+    def _mesh_context(self):
+        return jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext()
+
+    # ----- compiled functions ---------------------------------------------------------------------------------------
+
+    def _model(self, state) -> model_lib.Qwen3VL:
+        return nnx.merge(self.graphdef, state)
+
+    def _encode_images(self, state, pixel_values, grid_thw):
+        self._traces["encode_images"] += 1
+        return self._model(state).encode_images(pixel_values, grid_thw)
+
+    def _pin(self, caches):
+        with rules.use_rules(rules.SAMPLE):
+            return tuple(type(c)(*(constrain(x, *cache_lib.CACHE_AXES) for x in c)) for c in caches)
+
+    def _append_tokens(self, state, caches, lengths, next_positions, last_logits, input_ids, num_new,
+                       image_embeds, deepstack, grid_thw):
+        """Writes `input_ids: [B, T]` (first num_new[b] of each row real) after each row's tokens."""
+        self._traces["append"] += 1
+        model = self._model(state)
+        batch, length = input_ids.shape
+        slots = caches[0].key.shape[1]
+        real = jnp.arange(length)[None, :] < num_new[:, None]  # [B, T]
+        positions, _ = rope.get_rope_index(input_ids, grid_thw, real, image_token_id=self.config.image_token_id,
+                                           spatial_merge_size=self.config.vision_config.spatial_merge_size)
+        positions = positions + next_positions[None, :, None]  # continue each row's history: [3, B, T]
+        embeds, deepstack_embeds = model.embed(input_ids, image_embeds, deepstack)
+        query_slots = lengths[:, None] + jnp.arange(length, dtype=jnp.int32)[None, :]  # pads past S are dropped
+        new_lengths = lengths + num_new
+        kv_valid = jnp.arange(slots)[None, :] < new_lengths[:, None]
+        hidden, caches = model.decode(embeds, positions, attention.MaskInfo(query_slots, kv_valid), deepstack_embeds,
+                                      caches)
+        last = jnp.take_along_axis(hidden, jnp.maximum(num_new - 1, 0)[:, None, None], axis=1)  # [B, 1, D]
+        logits = model.compute_logits(last)[:, 0]
+        appended = num_new > 0
+        last_logits = jnp.where(appended[:, None], logits, last_logits)
+        highest = jnp.max(jnp.where(real[None], positions, -1), axis=(0, 2))
+        next_positions = jnp.where(appended, highest + 1, next_positions)
+        return self._pin(caches), new_lengths, next_positions, last_logits
+
+    def _decode_tokens(self, state, caches, lengths, next_positions, last_logits, active, temperature, top_k, top_p,
+                       seeds, max_new_tokens, stop_ids, *, num_steps):
+        """Samples up to `num_steps` tokens for the active rows; see the module docstring."""
+        self._traces["decode"] += 1
+        model = self._model(state)
+        batch = lengths.shape[0]
+        slots = caches[0].key.shape[1]
+
+        def step(carry):
+            i, tokens, logprobs, done, stopped, caches, lengths, next_positions, logits = carry
+            token, logprob = logits_lib.choose_tokens(
+                logits, suppressed=self._suppressed, temperature=temperature, top_k=top_k, top_p=top_p, seeds=seeds,
+                counters=lengths)
+            live = ~done
+            tokens = tokens.at[:, i].set(jnp.where(live, token, 0))
+            logprobs = logprobs.at[:, i].set(jnp.where(live, logprob, 0.0))
+            embeds, _ = model.embed(token[:, None])
+            positions = jnp.broadcast_to(next_positions[None, :, None], (3, batch, 1))
+            new_lengths = lengths + live.astype(jnp.int32)  # a finished row writes past its end, masked out
+            mask_info = attention.MaskInfo(lengths[:, None], jnp.arange(slots)[None, :] < new_lengths[:, None])
+            hidden, caches = model.decode(embeds, positions, mask_info, None, caches)
+            logits = jnp.where(live[:, None], model.compute_logits(hidden)[:, 0], logits)
+            hit_stop = live & jnp.any(token[:, None] == stop_ids, axis=-1)
+            done = done | hit_stop | (live & (i + 1 >= max_new_tokens))
+            return (i + 1, tokens, logprobs, done, stopped | hit_stop, self._pin(caches), new_lengths,
+                    next_positions + live.astype(jnp.int32), logits)
+
+        def keep_going(carry):
+            return (carry[0] < num_steps) & ~jnp.all(carry[3])
+
+        carry = (jnp.int32(0), jnp.zeros((batch, num_steps), jnp.int32), jnp.zeros((batch, num_steps), jnp.float32),
+                 ~active, jnp.zeros(batch, bool), caches, lengths, next_positions, last_logits)
+        _, tokens, logprobs, _, stopped, caches, new_lengths, next_positions, last_logits = jax.lax.while_loop(
+            keep_going, step, carry)
+        return caches, new_lengths, next_positions, last_logits, tokens, logprobs, new_lengths - lengths, stopped
+
+    # ----- sessions -------------------------------------------------------------------------------------------------
+
+    def new_session(self, num_rows: int, *, capacity: int | None = None) -> cache_lib.Session:
+        """An empty session of `num_rows` conversations (the batch is padded to its bucket).
+
+        Args:
+            num_rows: conversations held at once.
+            capacity: initial cache slots per row (rounded up to a bucket); the cache doubles when needed.
+        """
+        if not isinstance(num_rows, int) or num_rows < 1:
+            raise ValueError(f"num_rows must be an int >= 1, got {num_rows!r}")
+        return cache_lib.new_session(self.config, num_rows, batch_size=self.buckets.batch(num_rows),
+                                     capacity=self.buckets.cache(capacity or 1), mesh=self.mesh)
+
+    def _check_segment(self, row: int, segment: Segment) -> np.ndarray:
+        ids = np.asarray(segment.token_ids, np.int64).reshape(1, -1) if len(segment.token_ids) else None
+        if ids is None:
+            if segment.pixel_values is not None:
+                raise ValueError(f"row {row}: a segment without tokens cannot carry pixel_values")
+            return np.zeros(0, np.int32)
+        try:
+            model_lib.check_inputs(self.config, ids, None, segment.pixel_values, segment.image_grid_thw)
+        except ValueError as err:
+            raise ValueError(f"row {row}: {err}") from err
+        return ids[0].astype(np.int32)
+
+    def append(self, session: cache_lib.Session, segments: Sequence[Segment | None]) -> None:
+        """Appends one segment per row (None or no tokens: row unchanged) to the session's cache.
+
+        New images go through the vision tower alone; their placeholders get MRoPE positions continuing each row's
+        history, equal to `get_rope_index` on the row's whole token sequence.
+
+        Raises:
+            ValueError: a wrong number of segments, or a segment failing `model.check_inputs` (named by row).
+        """
+        segments = _per_row(segments, session.num_rows, "segments")
+        checked = [np.zeros(0, np.int32) if s is None else self._check_segment(row, s)
+                   for row, s in enumerate(segments)]
+        longest = max(len(ids) for ids in checked)
+        if longest == 0:
+            return
+        batch = session.batch_size
+        length = self.buckets.length(longest)
+        cache_lib.grow(session, self.buckets.cache(max(session.num_tokens(r) + len(checked[r])
+                                                       for r in range(session.num_rows))))
+        pad_id = 0 if self.config.image_token_id != 0 else 1  # any text id: pads are masked out
+        input_ids = np.full((batch, length), pad_id, np.int32)
+        num_new = np.zeros(batch, np.int32)
+        for row, ids in enumerate(checked):
+            input_ids[row, :len(ids)] = ids
+            num_new[row] = len(ids)
+        with_images = [(row, s) for row, s in enumerate(segments) if s is not None and s.pixel_values is not None]
+        with self._mesh_context():
+            image_embeds = deepstack = grid = None
+            if with_images:
+                pixel_values = np.concatenate([np.asarray(s.pixel_values, np.float32) for _, s in with_images])
+                grids = np.concatenate([np.asarray(s.image_grid_thw, np.int32).reshape(-1, 3) for _, s in with_images])
+                merge = self.config.vision_config.spatial_merge_size
+                pixel_values, grid = buckets_lib.pad_images(
+                    pixel_values, grids, num_patches=self.buckets.patches(len(pixel_values), merge),
+                    num_images=self.buckets.images(len(grids) + 1), merge=merge)
+                image_embeds, deepstack = self._encode(self.state, pixel_values, grid)
+            caches, lengths, next_positions, last_logits = self._append(
+                self.state, session.caches, session.lengths, session.next_positions, session.last_logits,
+                input_ids, num_new, image_embeds, deepstack, grid)
+        session.caches, session.lengths = caches, lengths
+        session.next_positions, session.last_logits = next_positions, last_logits
+        for row, ids in enumerate(checked):
+            session.token_ids[row].extend(int(i) for i in ids)
+        for row, segment in with_images:
+            session.image_grid_thw[row].extend(tuple(int(x) for x in g)
+                                               for g in np.asarray(segment.image_grid_thw).reshape(-1, 3))
+
+    def generate(self, session: cache_lib.Session,
+                 params: SamplingParams | Sequence[SamplingParams | None]) -> list[Completion | None]:
+        """Samples new tokens for the rows given params (None: row idle), appending them to the session.
+
+        Returns:
+            One `Completion` per row (None for idle rows).
+
+        Raises:
+            ValueError: a wrong number of params, a stop id outside the vocabulary, or an active row without tokens.
+        """
+        params = _per_row(params, session.num_rows, "sampling params")
+        active_rows = [row for row, p in enumerate(params) if p is not None]
+        vocab = self.config.text_config.vocab_size
+        for row in active_rows:
+            if session.num_tokens(row) == 0:
+                raise ValueError(f"row {row} holds no tokens; append a prompt before generating")
+            outside = [i for i in params[row].stop_token_ids if not 0 <= i < vocab]
+            if outside:
+                raise ValueError(f"row {row}: stop_token_ids {outside} are outside the vocabulary [0, {vocab})")
+        if not active_rows:
+            return [None] * session.num_rows
+        batch = session.batch_size
+        steps = self.buckets.new_tokens(max(params[r].max_new_tokens for r in active_rows))
+        cache_lib.grow(session, self.buckets.cache(max(session.num_tokens(r) + params[r].max_new_tokens
+                                                       for r in active_rows)))
+        stops = self.buckets.stop_ids(max(len(params[r].stop_token_ids) for r in active_rows))
+        active = np.zeros(batch, bool)
+        temperature, top_p = np.zeros(batch, np.float32), np.ones(batch, np.float32)
+        top_k, max_new, seeds = np.zeros(batch, np.int32), np.ones(batch, np.int32), np.zeros(batch, np.uint32)
+        stop_ids = np.full((batch, stops), -1, np.int32)
+        for row in active_rows:
+            p = params[row]
+            active[row] = True
+            temperature[row], top_p[row], top_k[row] = p.temperature, p.top_p, p.top_k
+            max_new[row], seeds[row] = p.max_new_tokens, p.seed
+            stop_ids[row, :len(p.stop_token_ids)] = p.stop_token_ids
+        with self._mesh_context():
+            caches, lengths, next_positions, last_logits, tokens, logprobs, counts, stopped = self._decode(
+                self.state, session.caches, session.lengths, session.next_positions, session.last_logits, active,
+                temperature, top_k, top_p, seeds, max_new, stop_ids, num_steps=steps)
+        session.caches, session.lengths = caches, lengths
+        session.next_positions, session.last_logits = next_positions, last_logits
+        tokens, logprobs, counts, stopped = jax.device_get((tokens, logprobs, counts, stopped))
+        out: list[Completion | None] = [None] * session.num_rows
+        for row in active_rows:
+            n = int(counts[row])
+            out[row] = Completion(token_ids=tokens[row, :n].copy(), logprobs=logprobs[row, :n].copy(),
+                                  finish_reason=FINISH_STOP if stopped[row] else FINISH_LENGTH)
+            session.token_ids[row].extend(int(i) for i in tokens[row, :n])
+        return out
+
+    def complete(self, prompts: Sequence[Segment],
+                 params: SamplingParams | Sequence[SamplingParams]) -> list[Completion]:
+        """Single turn: a fresh session holding `prompts`, one `generate` call, its completions."""
+        prompts = list(prompts)
+        session = self.new_session(len(prompts))
+        self.append(session, prompts)
+        return self.generate(session, params)
