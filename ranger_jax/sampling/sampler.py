@@ -28,13 +28,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from ranger_jax.models.qwen3_vl import attention, rope
 from ranger_jax.models.qwen3_vl import model as model_lib
-from ranger_jax.parallel import rules
-from ranger_jax.parallel.rules import constrain
 from ranger_jax.sampling import buckets as buckets_lib
 from ranger_jax.sampling import cache as cache_lib
-from ranger_jax.sampling import logits as logits_lib
+from ranger_jax.sampling import steps
 
 FINISH_STOP = "stop"  # sampled one of its stop ids (kept as the last token)
 FINISH_LENGTH = "length"  # reached max_new_tokens
@@ -126,8 +123,8 @@ class Sampler:
         self.graphdef, self.state = nnx.split(model)
         self._traces: collections.Counter[str] = collections.Counter()
         self._encode = jax.jit(self._encode_images)
-        self._append = jax.jit(self._append_tokens, donate_argnames=("caches",))
-        self._decode = jax.jit(self._decode_tokens, static_argnames=("num_steps",), donate_argnames=("caches",))
+        self._append = jax.jit(self._append_tokens, donate_argnums=(1,))
+        self._decode = jax.jit(self._decode_tokens, static_argnames=("num_steps",), donate_argnums=(1,))
 
     # ----- bookkeeping ---------------------------------------------------------------------------------------------
 
@@ -166,70 +163,13 @@ class Sampler:
         self._traces["encode_images"] += 1
         return self._model(state).encode_images(pixel_values, grid_thw)
 
-    def _pin(self, caches):
-        with rules.use_rules(rules.SAMPLE):
-            return tuple(type(c)(*(constrain(x, *cache_lib.CACHE_AXES) for x in c)) for c in caches)
-
-    def _append_tokens(self, state, caches, lengths, next_positions, last_logits, input_ids, num_new,
-                       image_embeds, deepstack, grid_thw):
-        """Writes `input_ids: [B, T]` (first num_new[b] of each row real) after each row's tokens."""
+    def _append_tokens(self, state, *args):
         self._traces["append"] += 1
-        model = self._model(state)
-        batch, length = input_ids.shape
-        slots = caches[0].key.shape[1]
-        real = jnp.arange(length)[None, :] < num_new[:, None]  # [B, T]
-        positions, _ = rope.get_rope_index(input_ids, grid_thw, real, image_token_id=self.config.image_token_id,
-                                           spatial_merge_size=self.config.vision_config.spatial_merge_size)
-        positions = positions + next_positions[None, :, None]  # continue each row's history: [3, B, T]
-        embeds, deepstack_embeds = model.embed(input_ids, image_embeds, deepstack)
-        query_slots = lengths[:, None] + jnp.arange(length, dtype=jnp.int32)[None, :]  # pads past S are dropped
-        new_lengths = lengths + num_new
-        kv_valid = jnp.arange(slots)[None, :] < new_lengths[:, None]
-        hidden, caches = model.decode(embeds, positions, attention.MaskInfo(query_slots, kv_valid), deepstack_embeds,
-                                      caches)
-        last = jnp.take_along_axis(hidden, jnp.maximum(num_new - 1, 0)[:, None, None], axis=1)  # [B, 1, D]
-        logits = model.compute_logits(last)[:, 0]
-        appended = num_new > 0
-        last_logits = jnp.where(appended[:, None], logits, last_logits)
-        highest = jnp.max(jnp.where(real[None], positions, -1), axis=(0, 2))
-        next_positions = jnp.where(appended, highest + 1, next_positions)
-        return self._pin(caches), new_lengths, next_positions, last_logits
+        return steps.append(self._model(state), *args)
 
-    def _decode_tokens(self, state, caches, lengths, next_positions, last_logits, active, temperature, top_k, top_p,
-                       seeds, max_new_tokens, stop_ids, *, num_steps):
-        """Samples up to `num_steps` tokens for the active rows; see the module docstring."""
+    def _decode_tokens(self, state, *args, num_steps):
         self._traces["decode"] += 1
-        model = self._model(state)
-        batch = lengths.shape[0]
-        slots = caches[0].key.shape[1]
-
-        def step(carry):
-            i, tokens, logprobs, done, stopped, caches, lengths, next_positions, logits = carry
-            token, logprob = logits_lib.choose_tokens(
-                logits, suppressed=self._suppressed, temperature=temperature, top_k=top_k, top_p=top_p, seeds=seeds,
-                counters=lengths)
-            live = ~done
-            tokens = tokens.at[:, i].set(jnp.where(live, token, 0))
-            logprobs = logprobs.at[:, i].set(jnp.where(live, logprob, 0.0))
-            embeds, _ = model.embed(token[:, None])
-            positions = jnp.broadcast_to(next_positions[None, :, None], (3, batch, 1))
-            new_lengths = lengths + live.astype(jnp.int32)  # a finished row writes past its end, masked out
-            mask_info = attention.MaskInfo(lengths[:, None], jnp.arange(slots)[None, :] < new_lengths[:, None])
-            hidden, caches = model.decode(embeds, positions, mask_info, None, caches)
-            logits = jnp.where(live[:, None], model.compute_logits(hidden)[:, 0], logits)
-            hit_stop = live & jnp.any(token[:, None] == stop_ids, axis=-1)
-            done = done | hit_stop | (live & (i + 1 >= max_new_tokens))
-            return (i + 1, tokens, logprobs, done, stopped | hit_stop, self._pin(caches), new_lengths,
-                    next_positions + live.astype(jnp.int32), logits)
-
-        def keep_going(carry):
-            return (carry[0] < num_steps) & ~jnp.all(carry[3])
-
-        carry = (jnp.int32(0), jnp.zeros((batch, num_steps), jnp.int32), jnp.zeros((batch, num_steps), jnp.float32),
-                 ~active, jnp.zeros(batch, bool), caches, lengths, next_positions, last_logits)
-        _, tokens, logprobs, _, stopped, caches, new_lengths, next_positions, last_logits = jax.lax.while_loop(
-            keep_going, step, carry)
-        return caches, new_lengths, next_positions, last_logits, tokens, logprobs, new_lengths - lengths, stopped
+        return steps.decode(self._model(state), *args, self._suppressed, num_steps=num_steps)
 
     # ----- sessions -------------------------------------------------------------------------------------------------
 

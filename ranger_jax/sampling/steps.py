@@ -1,0 +1,148 @@
+"""The traced bodies of the sampler's compiled calls: append a segment to each row, and the decode while-loop.
+
+Both are pure functions of a merged `Qwen3VL` and arrays with static (bucketed) shapes. Row b holds its tokens in
+cache slots `0 .. lengths[b] - 1`; a call writes new tokens at the next slots, so slots past S (padding) are
+dropped by the scatter and slots past a row's length are masked by `kv_valid` until real tokens overwrite them.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from ranger_jax.models.qwen3_vl import attention, rope
+from ranger_jax.models.qwen3_vl import model as model_lib
+from ranger_jax.models.qwen3_vl import text
+from ranger_jax.parallel import rules
+from ranger_jax.parallel.rules import constrain
+from ranger_jax.sampling import cache as cache_lib
+from ranger_jax.sampling import logits as logits_lib
+
+Caches = tuple[text.KVCache, ...]
+
+
+def pin_caches(caches: Caches) -> Caches:
+    """Constrains every cache to its SAMPLE-rules sharding (a no-op without a mesh)."""
+    with rules.use_rules(rules.SAMPLE):
+        return tuple(text.KVCache(*(constrain(x, *cache_lib.CACHE_AXES) for x in c)) for c in caches)
+
+
+def append_positions(input_ids: jax.Array, grid_thw: jax.Array | None, num_new: jax.Array,
+                     next_positions: jax.Array, *, image_token_id: int,
+                     spatial_merge_size: int) -> tuple[jax.Array, jax.Array]:
+    """MRoPE positions of segments appended after each row's history.
+
+    `get_rope_index` restarts at 0 after whatever precedes a segment, and the whole sequence would start the
+    segment at one past the largest earlier position; so the segment's positions are its own `get_rope_index`
+    plus `next_positions`, which equals `get_rope_index` of the concatenation (images included).
+
+    Args:
+        input_ids: [B, T] int, the first num_new[b] tokens of row b real, the rest padding.
+        grid_thw: [num_images, 3] grids of the segments' images in batch order (extra entries unused), or None.
+        num_new: [B] int32 real tokens per row.
+        next_positions: [B] int32, one past each row's largest position so far (0 for an empty row).
+        image_token_id: the placeholder id.
+        spatial_merge_size: patches per merged token along each side.
+
+    Returns:
+        positions: [3, B, T] int32 (pads arbitrary).
+        next_positions: [B] int32 after the segment (unchanged for rows with num_new 0).
+    """
+    real = jnp.arange(input_ids.shape[1])[None, :] < num_new[:, None]  # [B, T]
+    positions, _ = rope.get_rope_index(input_ids, grid_thw, real, image_token_id=image_token_id,
+                                       spatial_merge_size=spatial_merge_size)
+    positions = positions + next_positions[None, :, None]
+    highest = jnp.max(jnp.where(real[None], positions, -1), axis=(0, 2))
+    return positions, jnp.where(num_new > 0, highest + 1, next_positions)
+
+
+def append(model: model_lib.Qwen3VL, caches: Caches, lengths: jax.Array, next_positions: jax.Array,
+           last_logits: jax.Array, input_ids: jax.Array, num_new: jax.Array, image_embeds: jax.Array | None,
+           deepstack: jax.Array | None, grid_thw: jax.Array | None):
+    """Runs the decoder on one segment per row, writing its keys/values after the row's tokens.
+
+    Args:
+        model: the policy.
+        caches: per layer [B, S, K, H].
+        lengths: [B] int32 slots used.
+        next_positions: [B] int32.
+        last_logits: [B, V] float32, kept for rows without new tokens.
+        input_ids: [B, T] int32 segments, right-padded.
+        num_new: [B] int32 real tokens per row (0 = row untouched).
+        image_embeds: [M, D] features of the segments' images (padded rows last), or None.
+        deepstack: [L_ds, M, D] or None.
+        grid_thw: [num_images, 3] padded grids, or None.
+
+    Returns:
+        (caches, lengths, next_positions, last_logits) after the segments.
+    """
+    length = input_ids.shape[1]
+    config = model.config
+    positions, new_next = append_positions(input_ids, grid_thw, num_new, next_positions,
+                                           image_token_id=config.image_token_id,
+                                           spatial_merge_size=config.vision_config.spatial_merge_size)
+    embeds, deepstack_embeds = model.embed(input_ids, image_embeds, deepstack)
+    query_slots = lengths[:, None] + jnp.arange(length, dtype=jnp.int32)[None, :]
+    new_lengths = lengths + num_new
+    kv_valid = jnp.arange(caches[0].key.shape[1])[None, :] < new_lengths[:, None]
+    hidden, caches = model.decode(embeds, positions, attention.MaskInfo(query_slots, kv_valid), deepstack_embeds,
+                                  caches)
+    last = jnp.take_along_axis(hidden, jnp.maximum(num_new - 1, 0)[:, None, None], axis=1)  # [B, 1, D]
+    logits = model.compute_logits(last)[:, 0]
+    last_logits = jnp.where((num_new > 0)[:, None], logits, last_logits)
+    return pin_caches(caches), new_lengths, new_next, last_logits
+
+
+def decode(model: model_lib.Qwen3VL, caches: Caches, lengths: jax.Array, next_positions: jax.Array,
+           last_logits: jax.Array, active: jax.Array, temperature: jax.Array, top_k: jax.Array, top_p: jax.Array,
+           seeds: jax.Array, max_new_tokens: jax.Array, stop_ids: jax.Array, suppressed: jax.Array, *,
+           num_steps: int):
+    """Samples up to `num_steps` tokens per active row in one `lax.while_loop` with early exit.
+
+    Each iteration picks a token from the current logits (`logits.choose_tokens`, keyed by the row's seed and
+    length), records it with its log-probability, writes it into the cache at slot `lengths[b]` with position
+    `next_positions[b]` on all three MRoPE rows, and runs the decoder for the next logits. A row finishes when it
+    samples one of its stop ids or reaches its max_new_tokens; the loop ends when every row has finished.
+
+    Args:
+        model, caches, lengths, next_positions, last_logits: as for `append`.
+        active: [B] bool rows that generate.
+        temperature, top_k, top_p, seeds: [B] per-row sampling settings (see `logits.choose_tokens`).
+        max_new_tokens: [B] int32, each <= num_steps.
+        stop_ids: [B, n] int32 stop ids per row, -1 padded.
+        suppressed: [V] bool ids never sampled.
+        num_steps: static length of the output buffers.
+
+    Returns:
+        (caches, lengths, next_positions, last_logits, tokens [B, num_steps] int32, logprobs [B, num_steps]
+        float32, counts [B] int32 tokens generated, stopped [B] bool finished by a stop id).
+    """
+    batch = lengths.shape[0]
+    slots = caches[0].key.shape[1]
+
+    def step(carry):
+        i, tokens, logprobs, done, stopped, caches, lengths, next_positions, logits = carry
+        token, logprob = logits_lib.choose_tokens(logits, suppressed=suppressed, temperature=temperature,
+                                                  top_k=top_k, top_p=top_p, seeds=seeds, counters=lengths)
+        live = ~done
+        tokens = tokens.at[:, i].set(jnp.where(live, token, 0))
+        logprobs = logprobs.at[:, i].set(jnp.where(live, logprob, 0.0))
+        embeds, _ = model.embed(token[:, None])
+        positions = jnp.broadcast_to(next_positions[None, :, None], (3, batch, 1))
+        new_lengths = lengths + live.astype(jnp.int32)  # a finished row writes past its end, masked out
+        mask_info = attention.MaskInfo(lengths[:, None], jnp.arange(slots)[None, :] < new_lengths[:, None])
+        hidden, caches = model.decode(embeds, positions, mask_info, None, caches)
+        logits = jnp.where(live[:, None], model.compute_logits(hidden)[:, 0], logits)
+        hit_stop = live & jnp.any(token[:, None] == stop_ids, axis=-1)
+        done = done | hit_stop | (live & (i + 1 >= max_new_tokens))
+        return (i + 1, tokens, logprobs, done, stopped | hit_stop, pin_caches(caches), new_lengths,
+                next_positions + live.astype(jnp.int32), logits)
+
+    def keep_going(carry):
+        return (carry[0] < num_steps) & ~jnp.all(carry[3])
+
+    carry = (jnp.int32(0), jnp.zeros((batch, num_steps), jnp.int32), jnp.zeros((batch, num_steps), jnp.float32),
+             ~active, jnp.zeros(batch, bool), caches, lengths, next_positions, last_logits)
+    _, tokens, logprobs, _, stopped, caches, new_lengths, next_positions, last_logits = jax.lax.while_loop(
+        keep_going, step, carry)
+    return caches, new_lengths, next_positions, last_logits, tokens, logprobs, new_lengths - lengths, stopped

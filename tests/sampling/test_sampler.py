@@ -1,0 +1,179 @@
+"""The sampler against transformers' `generate`, multi-turn appends against one-shot prompts, stops, seeds, buckets."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+import torch
+from support import tiny_hf
+
+from ranger_jax.models.qwen3_vl import get_rope_index, load
+from ranger_jax.sampling import FINISH_LENGTH, FINISH_STOP, SamplingParams, Segment, steps
+
+GREEDY = SamplingParams(temperature=0.0, max_new_tokens=12)
+
+
+def _hf_greedy(hf, batch, max_new_tokens: int, vision_ids) -> tuple[np.ndarray, np.ndarray]:
+    """transformers' greedy `generate` on a left-padded batch: new tokens and their log_softmax of the raw logits."""
+    with torch.no_grad():
+        out = hf.generate(**tiny_hf.torch_inputs(batch), max_new_tokens=max_new_tokens, do_sample=False,
+                          suppress_tokens=list(vision_ids), output_logits=True, return_dict_in_generate=True,
+                          pad_token_id=0, eos_token_id=None)
+    tokens = out.sequences[:, -max_new_tokens:].numpy()
+    logprobs = torch.log_softmax(torch.stack(out.logits, 1).double(), -1).numpy()
+    return tokens, np.take_along_axis(logprobs, tokens[..., None], -1)[..., 0]
+
+
+@pytest.mark.parametrize("rows", [
+    [[4, (4, 6), 3], [2, (2, 4), 3, (4, 4), 2], [7]],  # images of different sizes, a text row, padded batch
+    [[9], [3], [14]],  # text only, padded batch
+], ids=["images", "text"])
+def test_greedy_matches_transformers_generate(tiny, to_segments, rows):
+    batch = tiny_hf.make_batch(tiny.config, rows, padding_side="left", seed=11)
+    ref_tokens, ref_logprobs = _hf_greedy(tiny.hf, batch, GREEDY.max_new_tokens, tiny.vision_ids)
+    completions = tiny.sampler.complete(to_segments(batch), GREEDY)
+    for row, completion in enumerate(completions):
+        np.testing.assert_array_equal(completion.token_ids, ref_tokens[row], err_msg=f"row {row}")
+        assert np.abs(completion.logprobs - ref_logprobs[row]).max() <= 1e-4
+        assert completion.finish_reason == FINISH_LENGTH and completion.logprobs.dtype == np.float32
+
+
+def test_multi_turn_appends_equal_one_shot_on_the_concatenation(tiny, to_segments):
+    """Turn 2 appends a tool response with two new images to the cache; tokens, log-probs, positions and rope deltas
+    equal a fresh run on the whole concatenated sequence (a sampled row too: its keys follow its length)."""
+    sampler, config = tiny.sampler, tiny.config
+    first = to_segments(tiny_hf.make_batch(config, [[4, (4, 6), 3], [5]], seed=21))
+    second = to_segments(tiny_hf.make_batch(config, [[2, (2, 4), 3, (4, 4), 2], [3]], seed=22))
+    turn2 = [SamplingParams(temperature=0.0, max_new_tokens=6), SamplingParams(temperature=0.9, seed=5,
+                                                                                max_new_tokens=6)]
+    session = sampler.new_session(2)
+    sampler.append(session, first)
+    reply = sampler.generate(session, SamplingParams(temperature=0.0, max_new_tokens=5))
+    sampler.append(session, second)
+    incremental = sampler.generate(session, turn2)
+
+    whole = []
+    for a, r, b in zip(first, reply, second):
+        ids = np.concatenate([a.token_ids, r.token_ids, b.token_ids])
+        images = [s for s in (a, b) if s.pixel_values is not None]
+        if images:
+            whole.append(Segment(ids, np.concatenate([s.pixel_values for s in images]),
+                                 np.concatenate([s.image_grid_thw for s in images])))
+        else:
+            whole.append(Segment(ids))
+    one_shot = sampler.complete(whole, turn2)
+    for row in range(2):
+        np.testing.assert_array_equal(incremental[row].token_ids, one_shot[row].token_ids, err_msg=f"row {row}")
+        np.testing.assert_allclose(incremental[row].logprobs, one_shot[row].logprobs, atol=1e-5)
+        assert session.token_ids[row] == [*whole[row].token_ids, *incremental[row].token_ids]
+
+    assert session.image_grid_thw == [[(1, 4, 6), (1, 2, 4), (1, 4, 4)], []]
+    rope_kw = dict(image_token_id=config.image_token_id, spatial_merge_size=2)
+    ids0 = np.asarray(session.token_ids[0])[None]
+    positions, deltas = get_rope_index(ids0, whole[0].image_grid_thw, None, **rope_kw)
+    assert session.rope_deltas[0] == int(deltas[0])
+    assert session.rope_deltas[1] == 0  # text only: positions are slots
+
+    # the appended segment's 3-D positions (two images) continue the history exactly as on the whole sequence
+    prefix = len(first[0].token_ids) + len(reply[0].token_ids)
+    head, _ = get_rope_index(ids0[:, :prefix], first[0].image_grid_thw, None, **rope_kw)
+    segment = np.asarray(second[0].token_ids)[None]
+    tail, next_position = jax.jit(steps.append_positions, static_argnames=tuple(rope_kw))(
+        segment, second[0].image_grid_thw, np.array([segment.shape[1]]), np.asarray(head).max(axis=(0, 2)) + 1,
+        **rope_kw)
+    np.testing.assert_array_equal(np.asarray(tail), np.asarray(positions)[:, :, prefix:prefix + segment.shape[1]])
+    assert int(next_position[0]) == int(np.asarray(tail).max()) + 1
+
+
+def test_stop_ids_and_per_row_budgets(tiny):
+    sampler = tiny.sampler
+    prompts = [Segment(np.arange(20, 31)), Segment(np.arange(40, 47))]
+    free = sampler.complete(prompts, SamplingParams(temperature=0.0, max_new_tokens=10))
+    stop = int(free[0].token_ids[3])
+    cut = int(np.flatnonzero(free[0].token_ids == stop)[0]) + 1
+    absent = next(i for i in range(7, 320) if i not in free[1].token_ids)
+    out = sampler.complete(prompts, [SamplingParams(temperature=0.0, max_new_tokens=10, stop_token_ids=(stop, 1)),
+                                     SamplingParams(temperature=0.0, max_new_tokens=5, stop_token_ids=(absent,))])
+    np.testing.assert_array_equal(out[0].token_ids, free[0].token_ids[:cut])
+    assert out[0].finish_reason == FINISH_STOP and out[0].token_ids[-1] == stop
+    np.testing.assert_array_equal(out[1].token_ids, free[1].token_ids[:5])
+    assert out[1].finish_reason == FINISH_LENGTH
+    np.testing.assert_allclose(out[1].logprobs, free[1].logprobs[:5], atol=1e-6)
+
+
+def test_seeded_sampling_is_reproducible_and_top_k_one_is_greedy(tiny):
+    sampler = tiny.sampler
+    prompts = [Segment(np.arange(50, 58)), Segment(np.arange(60, 75)), Segment(np.arange(80, 84))]
+    params = [SamplingParams(temperature=1.0, seed=s, max_new_tokens=12) for s in (1, 2, 1)]
+    a = sampler.complete(prompts, params)
+    b = sampler.complete(prompts, params)
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(x.token_ids, y.token_ids)
+        np.testing.assert_array_equal(x.logprobs, y.logprobs)
+    other = sampler.complete(prompts, [SamplingParams(temperature=1.0, seed=9, max_new_tokens=12)] * 3)
+    assert any(not np.array_equal(x.token_ids, y.token_ids) for x, y in zip(a, other))
+    greedy = sampler.complete(prompts, SamplingParams(temperature=0.0, max_new_tokens=12))
+    top1 = sampler.complete(prompts, SamplingParams(temperature=1.5, top_k=1, seed=3, max_new_tokens=12))
+    for x, y in zip(greedy, top1):
+        np.testing.assert_array_equal(x.token_ids, y.token_ids)
+        # log-probs are of logits / T before filtering, so they differ from the greedy (unscaled) ones
+        assert np.all(y.logprobs <= 0) and not np.allclose(x.logprobs, y.logprobs)
+
+
+def test_steady_state_does_not_recompile(tiny, to_segments):
+    sampler, config = tiny.sampler, tiny.config
+    image_rows = tiny_hf.make_batch(config, [[3, (4, 4), 2], [6]], seed=31)
+    sampler.complete(to_segments(image_rows), SamplingParams(temperature=0.0, max_new_tokens=4))
+    sampler.complete([Segment(np.arange(10, 20))], SamplingParams(temperature=0.0, max_new_tokens=4))
+    warm = sampler.compilations
+    # other prompt lengths, image sizes, batch sizes within the buckets, budgets, sampling settings and stop ids
+    other_images = tiny_hf.make_batch(config, [[1, (2, 6), 9], [2], [4, (4, 2), 1]], seed=32)
+    sampler.complete(to_segments(other_images), SamplingParams(temperature=0.7, top_p=0.9, top_k=5,
+                                                               max_new_tokens=9, stop_token_ids=(7, 8, 9)))
+    sampler.complete([Segment(np.arange(10, 37)), Segment([11])], SamplingParams(seed=4, max_new_tokens=16))
+    assert sampler.compilations == warm
+    sampler.complete([Segment(np.arange(10, 50))], SamplingParams(temperature=0.0, max_new_tokens=4))
+    assert sampler.compilations == {**warm, "append": warm["append"] + 1}  # 40 tokens: the next length bucket
+    assert sampler.num_compilations == sum(sampler.compilations.values())
+
+
+def test_vision_ids_are_never_sampled(tiny):
+    """With a head that makes vision placeholders the most likely ids, the sampler still picks text ids."""
+    sampler, config = tiny.sampler, tiny.config
+    skewed = load(tiny.path)
+    weight = np.asarray(skewed.lm_head.weight[...])
+    head = np.zeros_like(weight)
+    head[:, list(tiny.vision_ids)] = 50.0 * weight[:, list(tiny.vision_ids)]
+    skewed.lm_head.weight[...] = head
+    prompts = [Segment(np.arange(20, 20 + n)) for n in (5, 9, 13, 3)]
+    sampler.update_weights(skewed)
+    try:
+        session = sampler.new_session(4)
+        sampler.append(session, prompts)
+        raw_best = np.asarray(session.last_logits)[:4].argmax(-1)
+        out = sampler.generate(session, [SamplingParams(temperature=0.0, max_new_tokens=6),
+                                         SamplingParams(temperature=1.0, seed=1, max_new_tokens=6)] * 2)
+    finally:
+        sampler.update_weights(tiny.model)
+    assert set(raw_best) <= set(tiny.vision_ids)
+    for completion in out:
+        assert not set(completion.token_ids.tolist()) & set(tiny.vision_ids)
+    assert set(sampler.suppressed_token_ids) == set(tiny.vision_ids)
+    assert sampler.compilations["decode"] >= 1
+
+
+def test_reset_rows_frees_a_row_for_a_new_conversation(tiny):
+    sampler = tiny.sampler
+    session = sampler.new_session(2)
+    sampler.append(session, [Segment(np.arange(30, 45)), Segment(np.arange(60, 66))])
+    sampler.generate(session, SamplingParams(temperature=0.0, max_new_tokens=4))
+    kept = list(session.token_ids[1])
+    session.reset_rows(0)
+    assert session.num_tokens(0) == 0 and session.token_ids[1] == kept
+    sampler.append(session, [Segment(np.arange(90, 97)), None])
+    [again, idle] = sampler.generate(session, [SamplingParams(temperature=0.0, max_new_tokens=8), None])
+    [fresh] = sampler.complete([Segment(np.arange(90, 97))], SamplingParams(temperature=0.0, max_new_tokens=8))
+    assert idle is None and session.token_ids[1] == kept
+    np.testing.assert_array_equal(again.token_ids, fresh.token_ids)
+    np.testing.assert_allclose(again.logprobs, fresh.logprobs, atol=1e-5)
