@@ -1,0 +1,292 @@
+"""The rollout actor: run a policy on an environment's tasks, score the episodes, write trajectory shards.
+
+    python -m ranger_jax.rollout.actor --env envs/savanna_sim.toml --world /data/world --policy expert \\
+        --tokenizer /ckpt/qwen3-vl-8b --group-size 6 --out /data/shards/step0000
+    python -m ranger_jax.rollout.actor --env envs/savanna_sim.toml --world /data/world --policy sglang \\
+        --sglang-url http://10.0.0.5:30000 --tokenizer /ckpt/latest --out /data/shards/step0012
+
+Policies (`POLICIES`): `expert` / `naive` (the offline world's scripted agents; SFT data), `jax` (the in-process
+sampler on `--checkpoint`), `sglang` (an SGLang server), `harness` (an OpenAI-compatible chat model with tool
+calling; eval only). Shards are ArrayRecord files written atomically by `data.shards.RollingShardWriter`: a
+killed actor leaves no readable partial shard.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import tqdm
+
+from ranger_jax import env as env_lib
+from ranger_jax.clients import cache, chat, sglang
+from ranger_jax.data import shards
+from ranger_jax.env import core
+from ranger_jax.env.sim import savanna, world as world_lib
+from ranger_jax.processing import chat as chat_lib
+from ranger_jax.processing import tokenizer as tokenizer_lib
+from ranger_jax.rollout import episode as episode_lib
+from ranger_jax.rollout import harness, policy as policy_lib, runner, sampler_policy, scoring, sglang_policy
+from ranger_jax.rollout import sequence
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PolicyOptions:
+    """Everything a policy backend may need; each backend reads its own fields."""
+
+    tokenizer: tokenizer_lib.Tokenizer
+    env: Any = None  # the ToolEnv (harness: its tool schemas)
+    world: world_lib.World | None = None  # scripted agents: the offline world
+    checkpoint: str | None = None  # jax: HF checkpoint directory
+    num_rows: int = 8  # jax: cache rows (episodes held at once)
+    capacity: int | None = None  # jax: initial cache slots per row
+    sglang_url: str | None = None
+    chat_url: str | None = None  # harness: OpenAI-compatible base URL incl. /v1
+    chat_model: str | None = None
+    api_key: str | None = None
+    policy_version: int = 0
+
+
+def _require(options: PolicyOptions, name: str, *fields: str) -> None:
+    missing = [f for f in fields if getattr(options, f) in (None, "")]
+    if missing:
+        raise ValueError(f"policy {name!r} needs {', '.join('--' + f.replace('_', '-') for f in missing)}")
+
+
+def _scripted(name: str) -> Callable[[PolicyOptions], policy_lib.Policy]:
+    def build(options: PolicyOptions) -> policy_lib.Policy:
+        _require(options, name, "world")
+        return policy_lib.ScriptedPolicy(savanna.make_policy(name, options.world), options.tokenizer, name=name,
+                                         policy_version=options.policy_version)
+    return build
+
+
+def _jax(options: PolicyOptions) -> policy_lib.Policy:
+    _require(options, "jax", "checkpoint")
+    from ranger_jax import sampling  # jax and the model are imported only when this backend is used
+    from ranger_jax.models import qwen3_vl
+
+    model = qwen3_vl.load(options.checkpoint)
+    sampler = sampling.Sampler(model, suppress_token_ids=sorted(options.tokenizer.vision_ids))
+    return sampler_policy.SamplerPolicy(sampler, num_rows=options.num_rows, capacity=options.capacity,
+                                        policy_version=options.policy_version)
+
+
+def _sglang(options: PolicyOptions) -> policy_lib.Policy:
+    _require(options, "sglang", "sglang_url")
+    client = sglang.SGLangClient(options.sglang_url, api_key=options.api_key)
+    return sglang_policy.SGLangPolicy(client, policy_version=options.policy_version)
+
+
+def _harness(options: PolicyOptions) -> policy_lib.Policy:
+    _require(options, "harness", "chat_url", "chat_model")
+    client = chat.ChatClient(options.chat_url, model=options.chat_model, api_key=options.api_key)
+    tools = options.env.tool_schemas() if options.env is not None else ()
+    return harness.HarnessPolicy(client, options.tokenizer, tools=tools, name=f"harness:{options.chat_model}")
+
+
+POLICIES: dict[str, Callable[[PolicyOptions], policy_lib.Policy]] = {
+    "expert": _scripted("expert"), "naive": _scripted("naive"), "jax": _jax, "sglang": _sglang, "harness": _harness,
+}
+
+
+def build_policy(name: str, options: PolicyOptions) -> policy_lib.Policy:
+    """The policy backend called `name` (a key of POLICIES).
+
+    Raises:
+        ValueError: an unknown name (listing the known ones) or a missing option (naming its flag).
+    """
+    if name not in POLICIES:
+        raise ValueError(f"unknown policy {name!r}; known policies: {sorted(POLICIES)}")
+    return POLICIES[name](options)
+
+
+@dataclasses.dataclass(frozen=True)
+class ActorSummary:
+    """What one actor run produced."""
+
+    policy: str
+    num_groups: int
+    num_trajectories: int
+    shards: tuple[str, ...]
+    wall_s: float
+    episodes_per_s: float
+    reward_mean: float
+    terminations: dict[str, int]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+async def arun_actor(tool_env: env_lib.ToolEnv, policy: policy_lib.Policy, tasks: Sequence[core.Task], *,
+                     renderer: chat_lib.ChatRenderer, out_dir: str | os.PathLike,
+                     config: runner.RolloutConfig = runner.RolloutConfig(), scorer: episode_lib.Scorer | None = None,
+                     prefix: str = "trajectories", records_per_shard: int = 256, progress: bool = False
+                     ) -> ActorSummary:
+    """Runs every task `config.group_size` times and writes each finished group to shards in `out_dir`.
+
+    Shards are `<out_dir>/<prefix>-00000.array_record`, … (published atomically as they fill, the last one on
+    return); an exception discards only the unfinished shard.
+    """
+    started = time.monotonic()
+    rewards: list[float] = []
+    terminations: collections.Counter[str] = collections.Counter()
+    num_groups = 0
+    bar = tqdm.tqdm(total=len(tasks) * config.group_size, desc=f"rollout {policy.name}", unit="ep",
+                    disable=not progress)
+    with shards.RollingShardWriter(out_dir, prefix=prefix, records_per_shard=records_per_shard) as writer, bar:
+        async for group in runner.agroups(tool_env, policy, tasks, renderer=renderer, config=config, scorer=scorer):
+            num_groups += 1
+            for trajectory in group.trajectories:
+                writer.write(trajectory)
+                rewards.append(trajectory.reward)
+                terminations[str(trajectory.termination)] += 1
+            bar.update(len(group.trajectories))
+            elapsed = max(time.monotonic() - started, 1e-9)
+            bar.set_postfix(reward=f"{sum(rewards) / len(rewards):.3f}", eps=f"{len(rewards) / elapsed:.2f}")
+    wall = time.monotonic() - started
+    return ActorSummary(policy=policy.name, num_groups=num_groups, num_trajectories=len(rewards),
+                        shards=tuple(str(p) for p in writer.shards), wall_s=wall,
+                        episodes_per_s=len(rewards) / wall if wall > 0 else 0.0,
+                        reward_mean=sum(rewards) / len(rewards) if rewards else 0.0,
+                        terminations=dict(sorted(terminations.items())))
+
+
+def run_actor(*args: Any, **kwargs: Any) -> ActorSummary:
+    """Sync twin of `arun_actor` (must not be called from a running event loop)."""
+    return asyncio.run(arun_actor(*args, **kwargs))
+
+
+def load_task_file(path: str | os.PathLike) -> list[core.Task]:
+    """Tasks from a JSONL file of `{"id", "prompt", "gt_image"?, "meta"?, "today"?}` rows (KnowGen-Bench items).
+
+    Raises:
+        ValueError: a row that is not an object or lacks `id`/`prompt`, naming the file and line.
+    """
+    tasks = []
+    for number, line in enumerate(Path(path).read_text("utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as err:
+            raise ValueError(f"{path}:{number}: not JSON ({err})") from err
+        if not isinstance(row, dict) or "id" not in row or not isinstance(row.get("prompt"), str):
+            raise ValueError(f"{path}:{number}: a task row needs 'id' and a string 'prompt'")
+        metadata = dict(row.get("meta") or {})
+        if row.get("today"):
+            metadata["today"] = row["today"]
+        truth = row.get("gt_image", row.get("gen_image"))
+        tasks.append(core.Task(str(row["id"]), row["prompt"], ground_truth=truth, metadata=metadata))
+    return tasks
+
+
+def write_tiny_checkpoint(path: str | os.PathLike, tokenizer_dir: str | os.PathLike, *, seed: int = 0) -> Path:
+    """A random `Qwen3VLConfig.tiny()` checkpoint sized to a tokenizer (vocabulary and special ids), with the
+    tokenizer files copied in: "the tiny policy" for smoke runs and benchmarks.
+    """
+    from ranger_jax.models import qwen3_vl
+
+    tokenizer = tokenizer_lib.load_tokenizer(tokenizer_dir)
+    tiny = qwen3_vl.Qwen3VLConfig.tiny()
+    vocab = -(-tokenizer.vocab_size // 128) * 128  # padded like Qwen's 151936
+    config = dataclasses.replace(tiny, text_config=dataclasses.replace(tiny.text_config, vocab_size=vocab),
+                                 image_token_id=tokenizer.image_pad_id, video_token_id=tokenizer.video_pad_id,
+                                 vision_start_token_id=tokenizer.vision_start_id,
+                                 vision_end_token_id=tokenizer.vision_end_id)
+    path = Path(path)
+    qwen3_vl.save(qwen3_vl.init(config, seed=seed), path)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        if (Path(tokenizer_dir) / name).is_file():
+            shutil.copyfile(Path(tokenizer_dir) / name, path / name)
+    return path
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--env", required=True, help="environment file (envs/*.toml) or backend name")
+    p.add_argument("--world", help="offline world folder (offline backend, sim rewards, scripted policies)")
+    p.add_argument("--tasks", help="JSONL task file (default: the world's tasks)")
+    p.add_argument("--limit", type=int, help="run only the first N tasks")
+    p.add_argument("--policy", required=True, choices=sorted(POLICIES))
+    p.add_argument("--out", required=True, help="folder for trajectory shards")
+    p.add_argument("--prefix", default="trajectories", help="shard name prefix (unique per actor)")
+    p.add_argument("--records-per-shard", type=int, default=256)
+    p.add_argument("--checkpoint", help="HF checkpoint folder (jax policy; also the default tokenizer)")
+    p.add_argument("--tokenizer", help="folder with tokenizer.json (default: --checkpoint)")
+    p.add_argument("--sglang-url")
+    p.add_argument("--chat-url", help="OpenAI-compatible base URL incl. /v1 (harness)")
+    p.add_argument("--chat-model")
+    p.add_argument("--api-key-env", default="RANGER_API_KEY", help="environment variable holding a bearer key")
+    p.add_argument("--group-size", type=int, default=1, help="G: samples per task")
+    p.add_argument("--concurrency", type=int, default=8, help="episodes in flight")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--run-id", default="run", help="prefix of group ids")
+    p.add_argument("--policy-version", type=int, default=0)
+    p.add_argument("--max-new-tokens", type=int, default=episode_lib.GEN_SEARCHER_MAX_NEW_TOKENS)
+    p.add_argument("--max-context-tokens", type=int, default=episode_lib.GEN_SEARCHER_MAX_CONTEXT)
+    p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--top-k", type=int, default=-1)
+    p.add_argument("--min-pixels", type=int, default=sequence.QWEN3_VL_MIN_PIXELS)
+    p.add_argument("--max-pixels", type=int, default=sequence.GEN_SEARCHER_MAX_PIXELS)
+    p.add_argument("--no-images", action="store_true", help="sim rewards: skip the compositor image")
+    p.add_argument("--summary", help="write the run summary JSON here")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> ActorSummary:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    options = {"world": args.world} if args.world else {}
+    tool_env = env_lib.make(args.env, **options)
+    world = world_lib.load_world(args.world) if args.world else None
+    tasks = load_task_file(args.tasks) if args.tasks else (world_lib.load_tasks(args.world) if args.world else [])
+    if not tasks:
+        raise SystemExit("no tasks: pass --world (its tasks.jsonl) or --tasks FILE.jsonl")
+    tasks = tasks[:args.limit]
+    tokenizer_dir = args.tokenizer or args.checkpoint
+    if not tokenizer_dir:
+        raise SystemExit("pass --tokenizer (or --checkpoint): the policy tokenizer renders every prompt")
+    tokenizer = tokenizer_lib.load_tokenizer(tokenizer_dir)
+    api_key = os.environ.get(args.api_key_env)
+    policy = build_policy(args.policy, PolicyOptions(
+        tokenizer=tokenizer, env=tool_env, world=world, checkpoint=args.checkpoint, num_rows=args.concurrency,
+        capacity=args.max_context_tokens, sglang_url=args.sglang_url, chat_url=args.chat_url,
+        chat_model=args.chat_model, api_key=api_key, policy_version=args.policy_version))
+    vision = sequence.VisionSettings(min_pixels=args.min_pixels, max_pixels=args.max_pixels)
+    config = runner.RolloutConfig(
+        group_size=args.group_size, concurrency=args.concurrency, seed=args.seed, run_id=args.run_id,
+        episode=episode_lib.EpisodeConfig(
+            max_new_tokens=args.max_new_tokens, max_context_tokens=args.max_context_tokens, vision=vision,
+            sampling=policy_lib.SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)))
+    scorer = scoring.make_scorer(tool_env, world=world, generate_images=not args.no_images, api_key=api_key)
+    renderer = chat_lib.ChatRenderer(tokenizer, merge_size=vision.merge_size)
+    try:
+        summary = run_actor(tool_env, policy, tasks, renderer=renderer, out_dir=args.out, config=config,
+                            scorer=scorer, prefix=args.prefix, records_per_shard=args.records_per_shard,
+                            progress=not args.quiet)
+    finally:
+        tool_env.close()
+    if args.summary:
+        cache.write_atomic(args.summary, json.dumps(summary.to_dict(), indent=2).encode("utf-8"))
+    print(json.dumps(summary.to_dict(), indent=2))
+    return summary
+
+
+if __name__ == "__main__":
+    main()

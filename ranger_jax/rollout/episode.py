@@ -1,0 +1,251 @@
+"""One episode, token-exact: `ToolEnv` × policy → `Trajectory` (DESIGN.md, "One trajectory, end to end").
+
+    reset → prefix (system prompt with its date, task prompt) → repeat:
+        generation prompt → policy ids → decoded text → env.astep(state, text, truncated=finish=="length")
+        → observation images prepared (min/max pixels) → user turn rendered, images before text → appended
+    → reward (+ generated image) → Trajectory
+
+The sequence is the concatenation of the tokens the policy was given and produced, turn by turn (peers.md §4
+lesson 4; never re-rendered or re-tokenized): sampled ids, the closing `<|im_end|>` included, get loss mask 1
+and their log-probs; a closing `<|im_end|>` the policy did not produce (a truncated turn) and everything else
+get mask 0 and log-prob 0. Image tokens count against `max_context_tokens` BEFORE a segment is appended: a
+generation prompt without room for one token, or an observation that would not fit, ends the episode with
+`context_exceeded` and nothing partial is appended (never a cut inside an image run), so placeholder counts and
+image lists always agree (peers.md §7 items 1–3).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import numpy as np
+
+from ranger_jax.clients import images as images_lib
+from ranger_jax.data import trajectory
+from ranger_jax.env import core, tool_env
+from ranger_jax.processing import chat
+from ranger_jax.rewards import combine
+from ranger_jax.rollout import policy as policy_lib
+from ranger_jax.rollout import sequence
+
+log = logging.getLogger(__name__)
+
+GEN_SEARCHER_MAX_NEW_TOKENS = 4096  # GEN_MAX_NEW_TOKENS_PER_TURN
+GEN_SEARCHER_MAX_CONTEXT = 36_000  # max_response_length 30000 + 6000: cumulative prompt tokens, images included
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EpisodeConfig:
+    """Per-episode limits and sampling (defaults follow Gen-Searcher, reference/rewards_and_evals.md §9)."""
+
+    max_new_tokens: int = GEN_SEARCHER_MAX_NEW_TOKENS  # per assistant turn
+    max_context_tokens: int = GEN_SEARCHER_MAX_CONTEXT  # whole sequence, image placeholders included
+    sampling: policy_lib.SamplingParams = policy_lib.SamplingParams()
+    vision: sequence.VisionSettings = sequence.VisionSettings()
+
+    def __post_init__(self):
+        for name in ("max_new_tokens", "max_context_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"EpisodeConfig.{name} must be a positive int; got {value!r}")
+
+
+class Scorer(Protocol):
+    """Rewards one finished episode: (breakdown, the generator's result or None when nothing was generated)."""
+
+    async def ascore(self, env: tool_env.ToolEnv, state: tool_env.EnvState
+                     ) -> tuple[combine.RewardBreakdown, images_lib.GenerationResult | None]: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class EpisodeSpec:
+    """Who an episode is: its task, GRPO group, sample index and seed."""
+
+    task: core.Task
+    group_id: str
+    sample_index: int
+    seed: int
+
+    @property
+    def rid(self) -> str:
+        return f"{self.group_id}/{self.sample_index}"
+
+
+def turn_seed(seed: int, turn: int) -> int:
+    """The sampling seed of one turn: a 31-bit mix of the episode seed and the turn index."""
+    return int(np.random.SeedSequence([seed & 0xFFFFFFFF, seed >> 32, turn]).generate_state(1)[0] & 0x7FFFFFFF)
+
+
+def _decode_turn(renderer: chat.ChatRenderer, token_ids: np.ndarray) -> str:
+    """The text of a turn for the env: its ids decoded, a final stop token left out."""
+    tok = renderer.tokenizer
+    ids = token_ids[:-1] if token_ids.size and int(token_ids[-1]) in (tok.im_end_id, tok.eos_id) else token_ids
+    return tok.decode(ids)
+
+
+class _Episode:
+    """The mutable bookkeeping of one running episode (kept out of the pure env state)."""
+
+    def __init__(self, spec: EpisodeSpec, renderer: chat.ChatRenderer, config: EpisodeConfig):
+        self.spec, self.renderer, self.config = spec, renderer, config
+        tok = renderer.tokenizer
+        self.seq = sequence.TokenSequence(image_pad_id=tok.image_pad_id, merge_size=config.vision.merge_size)
+        self.generation_prompt = renderer.generation_prompt()
+        self.suffix = renderer.assistant_suffix()
+        self.turns: list[dict[str, Any]] = []
+        self.versions: list[int] = []
+        self.weight_versions: list[str] = []
+        self.num_messages = 0  # env messages whose tokens are in the sequence
+        self.error: str | None = None
+
+    def room_for_turn(self) -> int:
+        """New tokens the next turn may take: the budget minus the generation prompt and the turn's closing."""
+        closing = 1 + len(self.suffix)  # an <|im_end|> the loop may have to add, then "\n"
+        return self.config.max_context_tokens - len(self.seq) - len(self.generation_prompt) - closing
+
+
+async def run_episode(env: tool_env.ToolEnv, policy: policy_lib.Policy, spec: EpisodeSpec, *,
+                      renderer: chat.ChatRenderer, config: EpisodeConfig, scorer: Scorer | None = None
+                      ) -> trajectory.Trajectory:
+    """Runs one episode to its end and records it (see the module docstring).
+
+    A policy failure (transport error, server abort) ends the episode with `error`; the trajectory keeps every
+    turn before it and the message in `metadata["error"]`. A failed generation is kept in `generation_error`.
+
+    Args:
+        env: the tool environment.
+        policy: the policy backend.
+        spec: task, group id, sample index and seed.
+        renderer: the policy model's chat renderer (its tokenizer encodes every prompt segment).
+        config: limits, sampling and image settings.
+        scorer: rewards the finished episode; None records reward 0 without a breakdown.
+
+    Returns:
+        The validated `Trajectory`.
+    """
+    started = time.monotonic()
+    ep = _Episode(spec, renderer, config)
+    state = env.reset(spec.task)
+    prefix = renderer.render_prefix(state.messages[0]["content"], state.messages[1]["content"], date=None)
+    ep.seq.append(prefix)
+    ep.num_messages = 2
+    new_images: tuple[sequence.PreparedImage, ...] = ()
+    try:
+        state = await _loop(env, policy, ep, state, new_images)
+    finally:
+        await policy.release(spec.rid)
+    rollout_s = time.monotonic() - started
+    breakdown, generation, reward_s = None, None, 0.0
+    if scorer is not None:
+        reward_started = time.monotonic()
+        breakdown, generation = await scorer.ascore(env, state)
+        reward_s = time.monotonic() - reward_started
+    return _record(ep, policy, state, breakdown, generation, rollout_s, reward_s)
+
+
+async def _loop(env: tool_env.ToolEnv, policy: policy_lib.Policy, ep: _Episode, state: tool_env.EnvState,
+                new_images: tuple[sequence.PreparedImage, ...]) -> tool_env.EnvState:
+    renderer, config, tok = ep.renderer, ep.config, ep.renderer.tokenizer
+    for turn in range(env.config.max_turns + 2):  # + the forced final turn + one of slack
+        if state.done:
+            return state
+        room = ep.room_for_turn()
+        if room < 1:
+            ep.error = f"no room for a turn: {len(ep.seq)} tokens of {config.max_context_tokens}"
+            return env.terminate(state, core.CONTEXT_EXCEEDED)
+        prompt_ids = np.concatenate([ep.seq.ids, ep.generation_prompt.ids]).astype(np.int32)
+        request = policy_lib.TurnRequest(
+            rid=ep.spec.rid, turn=turn, prompt_ids=prompt_ids, new_images=new_images, sampling=config.sampling,
+            max_new_tokens=min(config.max_new_tokens, room), stop_token_ids=(tok.im_end_id,),
+            seed=turn_seed(ep.spec.seed, turn), state=state)
+        t0 = time.monotonic()
+        try:
+            gen = await policy.generate(request)
+        except Exception as err:  # noqa: BLE001 — one failing request must not take the actor down; it is recorded
+            log.exception("policy %s failed on episode %s turn %d", policy.name, ep.spec.rid, turn)
+            ep.error = f"policy failed: {type(err).__name__}: {err}"
+            return env.terminate(state, core.ERROR)
+        generate_s = time.monotonic() - t0
+        info: dict[str, Any] = {"turn": turn, "generate_s": round(generate_s, 6), "new_tokens": int(gen.token_ids.size),
+                                "finish_reason": gen.finish_reason}
+        ep.turns.append(info)
+        problem = _check_generation(gen, request, tok.vision_ids)
+        if problem is not None:
+            ep.error = problem
+            return env.terminate(state, core.ERROR)
+        ep.seq.append(ep.generation_prompt)  # only now: a failed turn leaves the sequence at a turn boundary
+        ep.versions.append(gen.policy_version)
+        ep.weight_versions.append(gen.weight_version)
+        ep.seq.append_generated(gen.token_ids, gen.logprobs)
+        if not gen.token_ids.size or int(gen.token_ids[-1]) != tok.im_end_id:
+            ep.seq.append(chat.Rendered(np.asarray([tok.im_end_id], np.int32), np.zeros(1, bool), (),
+                                        np.zeros((0, 3), np.int64)))
+        ep.seq.append(ep.suffix)
+        t0 = time.monotonic()
+        state, observation = await env.astep(state, _decode_turn(renderer, gen.token_ids),
+                                             truncated=gen.finish_reason == "length")
+        info["tool_s"] = round(time.monotonic() - t0, 6)
+        ep.num_messages += 1  # the assistant message
+        if observation.done:
+            return state
+        t0 = time.monotonic()
+        prepared = tuple(sequence.prepare_image(o.image, config.vision, img_id=o.img_id,
+                                                parent_id=state.images[o.img_id].parent_id)
+                         for o in observation.images)
+        segment = renderer.render_user(observation.text, images_grid_thw=[p.grid_thw for p in prepared])
+        info["process_s"] = round(time.monotonic() - t0, 6)
+        if len(ep.seq) + len(segment) > config.max_context_tokens:
+            ep.error = (f"observation of {len(segment)} tokens ({sum(p.num_tokens for p in prepared)} image tokens) "
+                        f"does not fit: {len(ep.seq)} of {config.max_context_tokens} used")
+            return env.terminate(state, core.CONTEXT_EXCEEDED)
+        ep.seq.append(segment, prepared)
+        ep.num_messages += 1
+        new_images = prepared
+    ep.error = f"the episode did not end within {env.config.max_turns + 2} turns"
+    return env.terminate(state, core.ERROR)
+
+
+def _check_generation(gen: policy_lib.Generation, request: policy_lib.TurnRequest, vision_ids) -> str | None:
+    """Why a generation cannot be appended (aborted, too long, vision tokens), or None."""
+    if gen.finish_reason == "abort":
+        return f"generation aborted: {gen.info.get('abort_message') or 'no message'}"
+    if gen.token_ids.size > request.max_new_tokens:
+        return f"policy returned {gen.token_ids.size} tokens, more than max_new_tokens={request.max_new_tokens}"
+    bad = np.flatnonzero(np.isin(gen.token_ids, list(vision_ids)))
+    if bad.size:
+        return (f"policy emitted vision token id {int(gen.token_ids[bad[0]])} at position {int(bad[0])} of turn "
+                f"{request.turn}; its image run would have no pixels")
+    return None
+
+
+def _record(ep: _Episode, policy: policy_lib.Policy, state: tool_env.EnvState,
+            breakdown: combine.RewardBreakdown | None, generation: images_lib.GenerationResult | None,
+            rollout_s: float, reward_s: float) -> trajectory.Trajectory:
+    tok = ep.renderer.tokenizer
+    sums = {key: round(sum(t.get(key, 0.0) for t in ep.turns), 6) for key in ("generate_s", "tool_s", "process_s")}
+    timings = {**sums, "rollout_s": round(rollout_s, 6), "reward_s": round(reward_s, 6),
+               "generation_s": round(generation.latency_s, 6) if generation is not None else 0.0}
+    metadata: Mapping[str, Any] = {
+        "policy": policy.name, "token_exact": policy.token_exact,
+        "rl_trainable": bool(policy.token_exact and policy.has_logprobs), "seed": ep.spec.seed, "rid": ep.spec.rid,
+        "num_turns": state.num_turns, "num_tool_calls": state.num_tool_calls, "turns": ep.turns,
+        "policy_versions": ep.versions, "weight_versions": ep.weight_versions, "error": ep.error,
+        "max_context_tokens": ep.config.max_context_tokens,
+        "generation_request": dict(generation.request) if generation is not None else None,
+    }
+    generated_image = generation.image if generation is not None and generation.ok else None
+    generation_error = generation.error if generation is not None and not generation.ok else None
+    if generation is not None and generation.ok and generation.image is None:
+        generation_error = "the generator reported success without an image"
+    return trajectory.Trajectory(
+        task_id=ep.spec.task.id, group_id=ep.spec.group_id, sample_index=ep.spec.sample_index,
+        policy_version=min(ep.versions) if ep.versions else 0, **ep.seq.arrays(), images=tuple(ep.seq.images),
+        termination=state.termination, reward=breakdown.reward if breakdown is not None else 0.0,
+        reward_breakdown=breakdown.to_dict() if breakdown is not None else {}, answer=state.answer,
+        messages=tuple(state.messages[:ep.num_messages]), generated_image=generated_image,
+        generation_error=generation_error, timings=timings, metadata=metadata, image_pad_id=tok.image_pad_id,
+        merge_size=ep.config.vision.merge_size)

@@ -1,0 +1,123 @@
+"""Many episodes in flight at once, grouped by task for GRPO.
+
+Each task is run `group_size` (G) times, each sample with its own seed; at most `concurrency` episodes run at
+once on one asyncio loop (tool calls, HTTP generations and the in-process sampler's worker thread overlap),
+and a `Group` is emitted as soon as all G samples of its task are done — so a learner can compute group
+advantages without waiting for the whole batch.
+
+    async for group in agroups(env, policy, tasks, renderer=renderer, config=RolloutConfig(group_size=6)):
+        advantages = grpo.group_advantages(group.rewards, ...)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
+
+import numpy as np
+
+from ranger_jax.data import trajectory
+from ranger_jax.env import core, tool_env
+from ranger_jax.processing import chat
+from ranger_jax.rollout import episode as episode_lib
+from ranger_jax.rollout import policy as policy_lib
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RolloutConfig:
+    """How many episodes run, and how (Gen-Searcher: G = 6 per prompt, 64 parallel tasks)."""
+
+    group_size: int = 1  # G: samples per task, each with its own seed
+    concurrency: int = 8  # episodes in flight at once
+    seed: int = 0  # base seed; each episode's seed derives from (seed, group index, sample index)
+    run_id: str = "run"  # prefix of every group id (make it unique per actor and step)
+    episode: episode_lib.EpisodeConfig = episode_lib.EpisodeConfig()
+
+    def __post_init__(self):
+        for name in ("group_size", "concurrency"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"RolloutConfig.{name} must be a positive int; got {value!r}")
+        if not self.run_id or "/" in self.run_id:
+            raise ValueError(f"RolloutConfig.run_id must be non-empty without '/'; got {self.run_id!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+    """All G samples of one task, in sample order."""
+
+    group_id: str
+    task_id: str
+    trajectories: tuple[trajectory.Trajectory, ...]
+
+    @property
+    def rewards(self) -> np.ndarray:
+        """[G] float32 rewards in sample order."""
+        return np.asarray([t.reward for t in self.trajectories], np.float32)
+
+
+def episode_seed(seed: int, group_index: int, sample_index: int) -> int:
+    """A 63-bit seed for one episode from the run seed and its place in the run."""
+    state = np.random.SeedSequence([seed & 0xFFFFFFFF, seed >> 32, group_index, sample_index]).generate_state(2)
+    return int((int(state[0]) << 31) ^ int(state[1]))
+
+
+def group_id(run_id: str, group_index: int, task: core.Task) -> str:
+    return f"{run_id}/{group_index:06d}/{task.id}"
+
+
+async def agroups(env: tool_env.ToolEnv, policy: policy_lib.Policy, tasks: Iterable[core.Task], *,
+                  renderer: chat.ChatRenderer, config: RolloutConfig = RolloutConfig(),
+                  scorer: episode_lib.Scorer | None = None) -> AsyncIterator[Group]:
+    """Runs every task G times with at most `config.concurrency` episodes in flight; yields groups as they finish.
+
+    Episodes are started in task order. An exception from an episode (a bug or a scorer that cannot score the
+    task; policy failures are recorded on the trajectory instead) cancels the rest and propagates.
+    """
+    specs = ((index, task, k) for index, task in enumerate(tasks) for k in range(config.group_size))
+    running: dict[asyncio.Task, tuple[int, core.Task]] = {}
+    done_by_group: dict[int, list[trajectory.Trajectory]] = {}
+
+    def start_next() -> bool:
+        spec = next(specs, None)
+        if spec is None:
+            return False
+        index, task, k = spec
+        episode = episode_lib.EpisodeSpec(task=task, group_id=group_id(config.run_id, index, task), sample_index=k,
+                                          seed=episode_seed(config.seed, index, k))
+        coroutine = episode_lib.run_episode(env, policy, episode, renderer=renderer, config=config.episode,
+                                            scorer=scorer)
+        running[asyncio.ensure_future(coroutine)] = (index, task)
+        return True
+
+    try:
+        while len(running) < config.concurrency and start_next():
+            pass
+        while running:
+            finished, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+            for future in finished:
+                index, task = running.pop(future)
+                done_by_group.setdefault(index, []).append(future.result())
+                if len(done_by_group[index]) == config.group_size:
+                    samples = sorted(done_by_group.pop(index), key=lambda t: t.sample_index)
+                    yield Group(group_id=samples[0].group_id, task_id=task.id, trajectories=tuple(samples))
+            while len(running) < config.concurrency and start_next():
+                pass
+    finally:
+        for future in running:
+            future.cancel()
+        if running:
+            await asyncio.gather(*running, return_exceptions=True)
+
+
+async def arun(env: tool_env.ToolEnv, policy: policy_lib.Policy, tasks: Iterable[core.Task], **kwargs: Any
+               ) -> list[Group]:
+    """Every group of `agroups(env, policy, tasks, **kwargs)`, in completion order."""
+    return [group async for group in agroups(env, policy, tasks, **kwargs)]
+
+
+def run(env: tool_env.ToolEnv, policy: policy_lib.Policy, tasks: Iterable[core.Task], **kwargs: Any) -> list[Group]:
+    """Sync twin of `arun` (must not be called from a running event loop)."""
+    return asyncio.run(arun(env, policy, tasks, **kwargs))

@@ -1,0 +1,184 @@
+"""The in-process JAX sampler as the policy: one KV-cache session, one row per episode, turns batched.
+
+Each episode holds a row of a `sampling.Session` from its first turn to `release`. A turn appends only what
+is new since the row's last turn — the closing of the previous assistant turn, the tool response with its
+images (their pixels go through the vision tower once) and the generation prompt — and the sampler continues
+from the cached history: nothing is re-run or re-tokenized. Turns of different episodes that are waiting at
+the same time run as one batched `append` + `generate` call in a worker thread, so tool calls and other
+episodes keep going on the event loop meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from typing import Any
+
+import numpy as np
+
+from ranger_jax import sampling
+from ranger_jax.rollout import policy as policy_lib
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class _Pending:
+    row: int
+    request: policy_lib.TurnRequest
+    future: asyncio.Future
+
+
+def sampler_params(request: policy_lib.TurnRequest) -> sampling.SamplingParams:
+    """The sampler's per-row settings of a turn (top_k -1, "all", is the sampler's 0)."""
+    s = request.sampling
+    return sampling.SamplingParams(temperature=float(s.temperature), top_p=float(s.top_p),
+                                   top_k=0 if s.top_k == -1 else int(s.top_k), max_new_tokens=request.max_new_tokens,
+                                   stop_token_ids=tuple(request.stop_token_ids), seed=int(request.seed) & 0xFFFFFFFF)
+
+
+def new_segment(held: list[int], request: policy_lib.TurnRequest) -> sampling.Segment | None:
+    """What a row must append before this turn: the prompt beyond the tokens it holds, with the turn's new images.
+
+    Raises:
+        ValueError: the row's tokens are not a prefix of the prompt (the loop is not token-exact), naming the
+            first differing position.
+    """
+    prompt = np.asarray(request.prompt_ids, np.int32)
+    n = len(held)
+    if n > prompt.size or not np.array_equal(prompt[:n], np.asarray(held, np.int32)):
+        mismatch = next((i for i in range(min(n, prompt.size)) if int(prompt[i]) != held[i]), min(n, prompt.size))
+        raise ValueError(f"episode {request.rid}: the sampler row holds {n} tokens that are not a prefix of the "
+                         f"{prompt.size}-token prompt (first difference at position {mismatch})")
+    delta = prompt[n:]
+    if not delta.size:
+        if request.new_images:
+            raise ValueError(f"episode {request.rid}: {len(request.new_images)} new images but no new tokens")
+        return None
+    if not request.new_images:
+        return sampling.Segment(delta)
+    pixel_values = np.concatenate([image.pixel_values for image in request.new_images])
+    grids = np.stack([image.grid_thw for image in request.new_images])
+    return sampling.Segment(delta, pixel_values, grids)
+
+
+class SamplerPolicy:
+    """Policy backend over an in-process `sampling.Sampler` (see the module docstring).
+
+    Args:
+        sampler: the sampler of the policy model.
+        num_rows: episodes that can hold a cache row at once (more wait for a free row); match the rollout's
+            concurrency.
+        name: label recorded on trajectories.
+        policy_version: version recorded on every turn; `update_weights` advances it.
+        capacity: initial cache slots per row (the cache doubles when needed).
+    """
+
+    token_exact = True
+    has_logprobs = True
+
+    def __init__(self, sampler: sampling.Sampler, *, num_rows: int = 8, name: str = "jax", policy_version: int = 0,
+                 capacity: int | None = None):
+        self.sampler, self.name, self.policy_version = sampler, name, policy_version
+        self.session = sampler.new_session(num_rows, capacity=capacity)
+        self._rows: dict[str, int] = {}  # rid -> row
+        self._free = list(range(num_rows))
+        self._dirty: set[int] = set()  # rows to empty before their next use (done on the worker thread)
+        self._row_freed: asyncio.Condition | None = None
+        self._pending: list[_Pending] = []
+        self._driver: asyncio.Task | None = None
+        self.num_batches = 0  # batched sampler calls made (for monitoring)
+
+    @property
+    def num_rows(self) -> int:
+        return self.session.num_rows
+
+    def update_weights(self, model: Any, *, policy_version: int) -> None:
+        """Swaps in new weights (same architecture) and stamps later turns with `policy_version`.
+
+        Call it between rollouts: rows still held keep caches computed with the old weights.
+        """
+        self.sampler.update_weights(model)
+        self.policy_version = policy_version
+
+    async def _row(self, rid: str) -> int:
+        if rid in self._rows:
+            return self._rows[rid]
+        if self._row_freed is None:
+            self._row_freed = asyncio.Condition()
+        async with self._row_freed:
+            await self._row_freed.wait_for(lambda: bool(self._free))
+            row = self._free.pop(0)
+        self._rows[rid] = row
+        return row
+
+    async def generate(self, request: policy_lib.TurnRequest) -> policy_lib.Generation:
+        """Queues the turn for the next batched sampler call and waits for its completion.
+
+        Raises:
+            ValueError: the prompt does not continue the episode's row (see `new_segment`).
+        """
+        row = await self._row(request.rid)
+        future = asyncio.get_running_loop().create_future()
+        self._pending.append(_Pending(row, request, future))
+        if self._driver is None or self._driver.done():
+            self._driver = asyncio.ensure_future(self._drive())
+        completion, batch_size = await future
+        return policy_lib.Generation(token_ids=completion.token_ids, logprobs=completion.logprobs,
+                                     finish_reason=completion.finish_reason, policy_version=self.policy_version,
+                                     info={"batch_size": batch_size})
+
+    async def _drive(self) -> None:
+        """Runs the waiting turns as batches until none is left."""
+        while self._pending:
+            batch, self._pending = self._pending, []
+            dirty, self._dirty = sorted(self._dirty), set()  # taken here, on the loop thread `release` runs on
+            try:
+                results = await asyncio.to_thread(self._run_batch, batch, dirty)
+            except Exception as err:  # noqa: BLE001 — the sampler failed for the whole batch: every turn learns why
+                results = [err] * len(batch)
+                self._dirty.update(dirty)
+            self.num_batches += 1
+            for item, result in zip(batch, results):
+                if item.future.done():
+                    continue
+                if isinstance(result, Exception):
+                    item.future.set_exception(result)
+                else:
+                    item.future.set_result((result, len(batch)))
+
+    def _run_batch(self, batch: list[_Pending], dirty: list[int]) -> list[Any]:
+        """On the worker thread: empties reused rows, appends each row's new segment, generates for all."""
+        session = self.session
+        if dirty:
+            session.reset_rows(dirty)
+        results: list[Any] = [None] * len(batch)
+        segments: list[sampling.Segment | None] = [None] * session.num_rows
+        params: list[sampling.SamplingParams | None] = [None] * session.num_rows
+        for i, item in enumerate(batch):
+            try:
+                segments[item.row] = new_segment(session.token_ids[item.row], item.request)
+                params[item.row] = sampler_params(item.request)
+            except ValueError as err:
+                results[i] = err
+        self.sampler.append(session, segments)
+        completions = self.sampler.generate(session, params)
+        for i, item in enumerate(batch):
+            if results[i] is None:
+                results[i] = completions[item.row]
+        return results
+
+    async def release(self, rid: str) -> None:
+        """Frees the episode's row (emptied before its next use)."""
+        row = self._rows.pop(rid, None)
+        if row is None:
+            return
+        self._dirty.add(row)
+        self._free.append(row)
+        if self._row_freed is not None:
+            async with self._row_freed:
+                self._row_freed.notify()
+
+    async def aclose(self) -> None:
+        """Nothing to close: the sampler belongs to the caller."""

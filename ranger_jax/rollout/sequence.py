@@ -1,0 +1,167 @@
+"""The token-exact record of one episode: ids, loss mask, sampler log-probs, and the images at their positions.
+
+The training sequence is the concatenation of what the policy was given and what it produced, turn by turn:
+rendered prompt segments (mask 0, log-prob 0) and the sampled ids (mask 1, their log-probs). Images are
+prepared once (`prepare_image`): resized to the processor's grid, so the PNG recorded on the trajectory, the
+pixels an SGLang server receives and the pixels the in-process sampler encodes are the same, and re-running
+`preprocess_image` on the recorded PNG gives the policy's `pixel_values` bit for bit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+from collections.abc import Sequence
+
+import numpy as np
+from PIL import Image
+
+from ranger_jax.clients import media
+from ranger_jax.data import trajectory
+from ranger_jax.processing import chat, image as image_lib
+
+QWEN3_VL_MIN_PIXELS = 4 * 32 * 32  # qwen_vl_utils: at least 4 tokens per image
+GEN_SEARCHER_MAX_PIXELS = 160_000  # Gen-Searcher training rollouts (fetch_image max_pixels)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class VisionSettings:
+    """How observation images are sized and patched (Qwen3-VL processor settings)."""
+
+    min_pixels: int = QWEN3_VL_MIN_PIXELS  # smallest resized area
+    max_pixels: int = GEN_SEARCHER_MAX_PIXELS  # largest resized area (the image token cost grows with it)
+    patch_size: int = 16
+    merge_size: int = 2  # spatial_merge_size: one placeholder per merge² patches
+    temporal_patch_size: int = 2
+
+    def __post_init__(self):
+        for name in ("min_pixels", "max_pixels", "patch_size", "merge_size", "temporal_patch_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"VisionSettings.{name} must be a positive int; got {value!r}")
+        if self.min_pixels > self.max_pixels:
+            raise ValueError(f"VisionSettings: min_pixels ({self.min_pixels}) > max_pixels ({self.max_pixels})")
+
+    @property
+    def factor(self) -> int:
+        return self.patch_size * self.merge_size
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class PreparedImage:
+    """One observation image as the policy's processor sees it.
+
+    Attributes:
+        img_id: the environment's id for it (`IMG_###`).
+        parent_id: for a crop, the id it was cut from.
+        image: RGB pixels at the processor's size (a multiple of patch_size · merge_size on each side).
+        png: `image` PNG-encoded (lossless), recorded on the trajectory and sent to SGLang.
+        pixel_values: [P, I] float32 patch rows.
+        grid_thw: [3] int64 (t, h, w) in patches.
+        num_tokens: its `<|image_pad|>` placeholders, t·h·w / merge².
+    """
+
+    img_id: str | None
+    parent_id: str | None
+    image: Image.Image
+    png: bytes
+    pixel_values: np.ndarray
+    grid_thw: np.ndarray
+    num_tokens: int
+
+
+def prepare_image(image: Image.Image, settings: VisionSettings, *, img_id: str | None = None,
+                  parent_id: str | None = None) -> PreparedImage:
+    """Resizes an observation image to the processor's grid once and patches it (see the module docstring).
+
+    Raises:
+        ValueError: an image the processor refuses (aspect ratio > 200), naming the img_id and size.
+    """
+    rgb = media.to_rgb(image)
+    try:
+        height, width = image_lib.smart_resize(rgb.height, rgb.width, factor=settings.factor,
+                                               min_pixels=settings.min_pixels, max_pixels=settings.max_pixels)
+    except ValueError as err:
+        raise ValueError(f"image {img_id or '(no id)'} of size {rgb.width}x{rgb.height}: {err}") from err
+    resized = rgb if rgb.size == (width, height) else rgb.resize((width, height), Image.Resampling.BICUBIC)
+    pixel_values, grid = image_lib.preprocess_image(
+        resized, min_pixels=settings.min_pixels, max_pixels=settings.max_pixels, patch_size=settings.patch_size,
+        merge_size=settings.merge_size, temporal_patch_size=settings.temporal_patch_size)
+    if (int(grid[1]) * settings.patch_size, int(grid[2]) * settings.patch_size) != (height, width):
+        raise ValueError(f"image {img_id or '(no id)'}: the resized {width}x{height} image is resized again by the "
+                         f"processor (min_pixels={settings.min_pixels}, max_pixels={settings.max_pixels}); widen "
+                         "the pixel bounds")
+    buffer = io.BytesIO()
+    resized.save(buffer, format="PNG")
+    return PreparedImage(img_id=img_id, parent_id=parent_id, image=resized, png=buffer.getvalue(),
+                         pixel_values=pixel_values, grid_thw=grid,
+                         num_tokens=image_lib.image_token_count(grid, merge_size=settings.merge_size))
+
+
+class TokenSequence:
+    """The growing training sequence of one episode.
+
+    Args:
+        image_pad_id: the tokenizer's `<|image_pad|>` id.
+        merge_size: vision `spatial_merge_size`.
+    """
+
+    def __init__(self, *, image_pad_id: int, merge_size: int):
+        self.image_pad_id, self.merge_size = image_pad_id, merge_size
+        self._ids: list[int] = []
+        self._mask: list[int] = []
+        self._logprobs: list[float] = []
+        self.images: list[trajectory.TrajectoryImage] = []
+        self.prepared: list[PreparedImage] = []
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    @property
+    def ids(self) -> np.ndarray:
+        """[T] int32, the sequence so far."""
+        return np.asarray(self._ids, np.int32)
+
+    def append(self, segment: chat.Rendered, images: Sequence[PreparedImage] = ()) -> None:
+        """Appends a rendered prompt segment (mask 0, log-prob 0) whose image slots `images` fill, in order.
+
+        Raises:
+            ValueError: the segment's image slots and `images` disagree in number, grid or placeholder count.
+        """
+        if segment.num_images != len(images):
+            raise ValueError(f"segment has {segment.num_images} image slots but {len(images)} images were given")
+        if np.any(segment.loss_mask):
+            raise ValueError("a prompt segment must have loss mask 0 everywhere")
+        offset = len(self._ids)
+        for (start, count), grid, image in zip(segment.image_spans, segment.image_grid_thw, images):
+            if tuple(int(g) for g in grid) != tuple(int(g) for g in image.grid_thw) or count != image.num_tokens:
+                raise ValueError(f"image {image.img_id}: slot of {count} pads for grid {grid.tolist()} but the image "
+                                 f"has grid {image.grid_thw.tolist()} ({image.num_tokens} pads)")
+            self.images.append(trajectory.TrajectoryImage(png=image.png, grid_thw=tuple(image.grid_thw.tolist()),
+                                                          token_index=offset + start, img_id=image.img_id,
+                                                          parent_id=image.parent_id))
+            self.prepared.append(image)
+        self._ids.extend(int(i) for i in segment.ids)
+        self._mask.extend([0] * len(segment))
+        self._logprobs.extend([0.0] * len(segment))
+
+    def append_generated(self, token_ids: np.ndarray, logprobs: np.ndarray) -> None:
+        """Appends sampled ids with loss mask 1 and their sampler log-probs.
+
+        Raises:
+            ValueError: a sampled id is `<|image_pad|>` (its run would have no pixels), or the lengths differ.
+        """
+        token_ids, logprobs = np.asarray(token_ids).reshape(-1), np.asarray(logprobs, np.float32).reshape(-1)
+        if token_ids.shape != logprobs.shape:
+            raise ValueError(f"{token_ids.size} generated ids but {logprobs.size} log-probs")
+        if np.any(token_ids == self.image_pad_id):
+            raise ValueError(f"generated ids hold <|image_pad|> ({self.image_pad_id}) at position "
+                             f"{int(np.flatnonzero(token_ids == self.image_pad_id)[0])}")
+        self._ids.extend(int(i) for i in token_ids)
+        self._mask.extend([1] * token_ids.size)
+        self._logprobs.extend(float(v) for v in logprobs)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """`token_ids` [T] int32, `loss_mask` [T] int8, `sampler_logprobs` [T] float32."""
+        return {"token_ids": np.asarray(self._ids, np.int32), "loss_mask": np.asarray(self._mask, np.int8),
+                "sampler_logprobs": np.asarray(self._logprobs, np.float32)}

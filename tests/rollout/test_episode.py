@@ -1,0 +1,196 @@
+"""One episode, token-exact, on the offline world: the scripted expert, the context budget, policy failures."""
+
+import asyncio
+import io
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from ranger_jax.data import trajectory as trajectory_lib
+from ranger_jax.env import core
+from ranger_jax.env.sim import rewards as sim_rewards
+from ranger_jax.env.sim import savanna
+from ranger_jax.processing import preprocess_image
+from ranger_jax.rollout import episode, policy, runner, scoring, sequence
+
+VISION = sequence.VisionSettings(min_pixels=4096, max_pixels=40_000)
+CONFIG = episode.EpisodeConfig(max_new_tokens=512, max_context_tokens=20_000, vision=VISION)
+
+
+def mask_runs(mask):
+    """(start, end) of every run of loss-mask 1."""
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], mask, [0]])))
+    return list(zip(edges[::2], edges[1::2]))
+
+
+def run(tool_env, pol, task, renderer, config=CONFIG, scorer=None, seed=0):
+    spec = episode.EpisodeSpec(task=task, group_id=f"g/{task.id}", sample_index=0, seed=seed)
+    return asyncio.run(episode.run_episode(tool_env, pol, spec, renderer=renderer, config=config, scorer=scorer))
+
+
+@pytest.fixture(scope="module")
+def expert(the_world, qwen_renderer):
+    return policy.ScriptedPolicy(savanna.make_policy("expert", the_world), qwen_renderer.tokenizer, name="expert")
+
+
+@pytest.fixture(scope="module")
+def expert_runs(sim_env, expert, tasks, qwen_renderer, the_world):
+    scorer = scoring.make_scorer(sim_env, world=the_world)
+    groups = runner.run(sim_env, expert, tasks, renderer=qwen_renderer, scorer=scorer,
+                        config=runner.RolloutConfig(concurrency=4, episode=CONFIG))
+    return {g.task_id: g.trajectories[0] for g in groups}
+
+
+def test_expert_trajectories_are_exact_sft_data(expert_runs, tasks, qwen_renderer, the_world, sim_env):
+    tok = qwen_renderer.tokenizer
+    assert sorted(expert_runs) == sorted(t.id for t in tasks)
+    for task in tasks:
+        traj = expert_runs[task.id]
+        assert traj.termination == core.ANSWER and traj.answer is not None
+        # the reward is the sim's exact score, its parts kept
+        assert traj.reward_breakdown["components"]["sim"]["reward"] == pytest.approx(traj.reward)
+        assert traj.reward >= 0.8 and traj.reward_breakdown["zero_reason"] is None
+        # prompt: the rendered system + user turns, byte for byte
+        system, user = traj.messages[0]["content"], traj.messages[1]["content"]
+        prefix = qwen_renderer.render_prefix(system, user, date=None).ids
+        np.testing.assert_array_equal(traj.token_ids[:len(prefix)], prefix)
+        # every mask-1 run is one assistant message, decoded back exactly (closing <|im_end|> included)
+        said = [m["content"] for m in traj.messages if m["role"] == "assistant"]
+        runs = mask_runs(traj.loss_mask)
+        assert [tok.decode(traj.token_ids[a:b]) for a, b in runs] == [s + "<|im_end|>" for s in said]
+        for a, b in runs:  # each run follows the generation prompt and is followed by "\n"
+            np.testing.assert_array_equal(traj.token_ids[a - 3:a], qwen_renderer.generation_prompt().ids)
+        assert not traj.sampler_logprobs.any()
+        assert traj.metadata["token_exact"] and not traj.metadata["rl_trainable"]
+        # images: one per image part, in order, re-preprocessing the recorded PNG gives the recorded grid
+        shown = [p["img_id"] for m in traj.messages if isinstance(m["content"], list)
+                 for p in m["content"] if p.get("type") == "image"]
+        assert [im.img_id for im in traj.images] == shown and shown
+        for image in traj.images:
+            _, grid = preprocess_image(image.pil(), min_pixels=VISION.min_pixels, max_pixels=VISION.max_pixels)
+            assert tuple(grid) == image.grid_thw
+        assert any(im.parent_id for im in traj.images)  # the expert's crop
+        assert Image.open(io.BytesIO(traj.generated_image)).format == "PNG" and traj.generation_error is None
+        assert set(traj.timings) == {"generate_s", "tool_s", "process_s", "rollout_s", "reward_s", "generation_s"}
+        assert traj.metadata["num_tool_calls"] == len(said) - 1
+
+
+def test_offline_reward_matches_the_sim_score(expert_runs, tasks, the_world, sim_env, expert, qwen_renderer):
+    task = tasks[0]
+    state = sim_env.reset(task)
+    while not state.done:  # the expert's episode replayed through the env alone
+        state, _ = sim_env.step(state, expert.agent.act(state))
+    exact = sim_rewards.score(the_world, task, state.answer, state.images)
+    assert expert_runs[task.id].reward == pytest.approx(exact.reward)
+    assert expert_runs[task.id].answer == state.answer
+
+
+def test_context_budget_counts_image_tokens(expert_runs, tasks, sim_env, expert, qwen_renderer):
+    task, tok = tasks[0], qwen_renderer.tokenizer
+    full = expert_runs[task.id]
+    turns = np.flatnonzero(full.token_ids == tok.im_start_id)
+    first = full.images[0].token_index  # the first observation with images spans [start, end)
+    start, end = int(turns[turns < first][-1]), int(turns[turns > first][0])
+    image_tokens = sum(im.num_tokens() for im in full.images if start <= im.token_index < end)
+    budget = end - image_tokens + 5  # its TEXT fits in this budget, its image placeholders do not
+    assert start < budget < end
+    cut = run(sim_env, expert, task, qwen_renderer,
+              config=episode.EpisodeConfig(max_new_tokens=512, max_context_tokens=budget, vision=VISION))
+    assert cut.termination == core.CONTEXT_EXCEEDED
+    assert "image tokens" in cut.metadata["error"]
+    assert cut.num_tokens == start <= budget  # nothing of the observation was appended
+    np.testing.assert_array_equal(cut.token_ids, full.token_ids[:start])
+    assert cut.images == () and not (cut.token_ids == qwen_renderer.tokenizer.image_pad_id).any()
+    assert cut.reward == 0.0 and cut.reward_breakdown == {}
+
+
+class ScriptedGenerations:
+    """A policy that plays back fixed generations (or raises), turn by turn."""
+
+    name, token_exact, has_logprobs = "script", True, True
+
+    def __init__(self, turns):
+        self.turns, self.released = list(turns), []
+
+    async def generate(self, request):
+        item = self.turns[request.turn]
+        if isinstance(item, Exception):
+            raise item
+        return item(request) if callable(item) else item
+
+    async def release(self, rid):
+        self.released.append(rid)
+
+    async def aclose(self):
+        pass
+
+
+def text_turn(renderer, text, logprob=-0.5):
+    ids = renderer.tokenizer.encode(text) + [renderer.tokenizer.im_end_id]
+    return policy.Generation(token_ids=ids, logprobs=np.full(len(ids), logprob), finish_reason="stop",
+                             policy_version=7)
+
+
+def test_truncated_turns_get_a_closing_im_end_outside_the_loss(sim_env, tasks, qwen_renderer):
+    tok = qwen_renderer.tokenizer
+    cut = policy.Generation(token_ids=tok.encode("<think>I will search the")[:5], logprobs=np.full(5, -1.0),
+                            finish_reason="length", policy_version=2)
+    pol = ScriptedGenerations([cut, cut])
+    traj = run(sim_env, pol, tasks[1], qwen_renderer)
+    assert traj.termination == core.REPEATED_RESPONSE  # two truncations in a row
+    assert "RESPONSE TOO LONG" in traj.messages[3]["content"]
+    runs = mask_runs(traj.loss_mask)
+    assert [b - a for a, b in runs] == [5, 5]
+    for a, b in runs:  # the loop closes the turn itself: <|im_end|> "\n", both mask 0, log-prob 0
+        assert traj.token_ids[b] == tok.im_end_id and traj.loss_mask[b] == 0 and traj.sampler_logprobs[b] == 0
+        np.testing.assert_allclose(traj.sampler_logprobs[a:b], -1.0)
+    assert traj.policy_version == 2 and pol.released == ["g/" + tasks[1].id + "/0"]
+
+
+def test_policy_failures_end_the_episode_with_error(sim_env, tasks, qwen_renderer):
+    tok = qwen_renderer.tokenizer
+    search = text_turn(qwen_renderer, '<tool_call>\n{"name": "image_search", "arguments": {"query": "kit"}}\n'
+                                      '</tool_call>')
+    cases = {
+        "policy failed: ConnectionError: server went away": ConnectionError("server went away"),
+        "generation aborted: weights updated": policy.Generation(token_ids=[], logprobs=[], finish_reason="abort",
+                                                                 info={"abort_message": "weights updated"}),
+        "policy emitted vision token id": policy.Generation(token_ids=[tok.encode("a")[0], tok.image_pad_id],
+                                                            logprobs=[0.0, 0.0], finish_reason="stop"),
+        "more than max_new_tokens=512": policy.Generation(token_ids=np.ones(513, int), logprobs=np.zeros(513),
+                                                          finish_reason="length"),
+    }
+    for message, failure in cases.items():
+        traj = run(sim_env, ScriptedGenerations([search, failure]), tasks[2], qwen_renderer)
+        assert traj.termination == core.ERROR and message in traj.metadata["error"], traj.metadata["error"]
+        # the first turn is kept whole; the sequence ends after its observation (no dangling generation prompt)
+        assert len(mask_runs(traj.loss_mask)) == 1 and len(traj.messages) == 4
+        assert traj.token_ids[-2:].tolist() == [tok.im_end_id, tok.encode("\n")[0]]
+        np.testing.assert_allclose(traj.sampler_logprobs[traj.loss_mask == 1], -0.5)
+        assert len(traj.images) == len([p for p in traj.messages[3]["content"] if p.get("type") == "image"]) > 0
+        assert traj.policy_version == 7
+
+
+def test_episode_config_and_sequence_errors(qwen_renderer):
+    with pytest.raises(ValueError, match="max_context_tokens must be a positive int; got 0"):
+        episode.EpisodeConfig(max_context_tokens=0)
+    seq = sequence.TokenSequence(image_pad_id=qwen_renderer.tokenizer.image_pad_id, merge_size=2)
+    image = sequence.prepare_image(Image.new("RGB", (100, 64)), VISION, img_id="IMG_001")
+    segment = qwen_renderer.render_user("x", images_grid_thw=[image.grid_thw])
+    with pytest.raises(ValueError, match="segment has 1 image slots but 0 images were given"):
+        seq.append(segment)
+    other = sequence.prepare_image(Image.new("RGB", (200, 64)), VISION, img_id="IMG_002")
+    with pytest.raises(ValueError, match=r"image IMG_002: slot of \d+ pads for grid"):
+        seq.append(segment, [other])
+    with pytest.raises(ValueError, match="generated ids hold <|image_pad|>"):
+        seq.append_generated(np.array([1, qwen_renderer.tokenizer.image_pad_id]), np.zeros(2))
+    with pytest.raises(ValueError, match="2 generated ids but 1 log-probs"):
+        seq.append_generated(np.array([1, 2]), np.zeros(1))
+    with pytest.raises(ValueError, match="loss mask 0 everywhere"):
+        seq.append(qwen_renderer.assistant_generated([1, 2]))
+    seq.append(segment, [image])
+    arrays = seq.arrays()
+    traj = trajectory_lib.Trajectory(task_id="t", group_id="g", sample_index=0, policy_version=0, **arrays,
+                                     images=tuple(seq.images), image_pad_id=qwen_renderer.tokenizer.image_pad_id)
+    assert traj.images[0].token_index == segment.image_spans[0][0]
