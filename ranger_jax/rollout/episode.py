@@ -171,7 +171,7 @@ async def _loop(env: tool_env.ToolEnv, policy: policy_lib.Policy, ep: _Episode, 
             return env.terminate(state, core.ERROR)
         generate_s = time.monotonic() - t0
         info: dict[str, Any] = {"turn": turn, "generate_s": round(generate_s, 6), "new_tokens": int(gen.token_ids.size),
-                                "finish_reason": gen.finish_reason}
+                                "finish_reason": gen.finish_reason, "policy": dict(gen.info)}
         ep.turns.append(info)
         problem = _check_generation(gen, request, tok.vision_ids)
         if problem is not None:

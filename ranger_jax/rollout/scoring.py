@@ -37,11 +37,17 @@ class OfflineScorer:
 
 
 def task_ground_truth(task: core.Task) -> media.ImageLike | None:
-    """The GT image of a live task: `ground_truth` itself (path, bytes, image) or its `gt_image` / `gen_image` key."""
+    """The GT image of a task: `ground_truth` itself (path, bytes, image), or its `gt_image` / `gen_image` key, or
+    an offline-world task's `image_file` (relative to `metadata["world"]`)."""
     truth = task.ground_truth
-    if isinstance(truth, Mapping):
-        truth = truth.get("gt_image", truth.get("gen_image"))
-    return truth
+    if not isinstance(truth, Mapping):
+        return truth
+    if truth.get("gt_image", truth.get("gen_image")) is not None:
+        return truth.get("gt_image", truth.get("gen_image"))
+    world = (task.metadata or {}).get("world")
+    if truth.get("image_file") and world:
+        return str(Path(world) / truth["image_file"])
+    return None
 
 
 class LiveScorer:
@@ -71,7 +77,9 @@ def _setting(settings: Mapping[str, Any], key: str, where: str) -> Any:
 
 def make_scorer(env: tool_env.ToolEnv, *, world: str | os.PathLike | world_lib.World | None = None,
                 generate_images: bool = True, overrides: Mapping[str, Any] | None = None,
-                api_key: str | None = None) -> OfflineScorer | LiveScorer:
+                api_key: str | None = None,
+                ground_truth: Callable[[core.Task], media.ImageLike | None] = task_ground_truth
+                ) -> OfflineScorer | LiveScorer:
     """The scorer an environment's `[rewards]` table asks for.
 
     Args:
@@ -80,6 +88,7 @@ def make_scorer(env: tool_env.ToolEnv, *, world: str | os.PathLike | world_lib.W
         generate_images: sim only: run the offline compositor for the viewer.
         overrides: reward settings that replace the env's (e.g. `judge_url`, `generator_url` for a test).
         api_key: bearer key for the judge and generator servers.
+        ground_truth: judge only: the GT image of a task.
 
     Raises:
         ValueError: an unknown kind, a missing world, or a live setting that is missing (naming the key).
@@ -105,4 +114,4 @@ def make_scorer(env: tool_env.ToolEnv, *, world: str | os.PathLike | world_lib.W
                              text_judge=TextRewardJudge(judge_client) if alpha > 0 else None, alpha=alpha,
                              min_references=settings.get("min_references", combine.MIN_REFERENCES),
                              max_references=settings.get("max_references", combine.MAX_REFERENCES))
-    return LiveScorer(reward)
+    return LiveScorer(reward, ground_truth)

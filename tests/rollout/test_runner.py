@@ -1,0 +1,147 @@
+"""Many episodes in flight, GRPO groups, and the live reward flow (loopback images API + judge) on trajectories."""
+
+import asyncio
+import base64
+import io
+import json
+
+import pytest
+from PIL import Image
+from support.loopback import LoopbackServer, Reply
+
+from ranger_jax.env import core
+from ranger_jax.env.sim import savanna
+from ranger_jax.rewards import combine, kscore, text_reward
+from ranger_jax.rollout import episode, policy, runner, scoring, sequence
+
+CONFIG = episode.EpisodeConfig(max_new_tokens=512, max_context_tokens=20_000,
+                               vision=sequence.VisionSettings(min_pixels=4096, max_pixels=40_000))
+
+
+class PacedExpert:
+    """The expert, slowed per sample so episodes finish out of order; logs starts and episodes in flight."""
+
+    name, token_exact, has_logprobs = "paced", True, False
+
+    def __init__(self, inner):
+        self.inner, self.started, self.active, self.max_active = inner, [], set(), 0
+
+    async def generate(self, request):
+        if request.turn == 0:
+            self.started.append(request.rid)
+            self.active.add(request.rid)
+            self.max_active = max(self.max_active, len(self.active))
+        await asyncio.sleep(0.002 * (3 - int(request.rid.rsplit("/", 1)[1])))
+        return await self.inner.generate(request)
+
+    async def release(self, rid):
+        self.active.discard(rid)
+
+    async def aclose(self):
+        pass
+
+
+def test_groups_are_emitted_complete_as_soon_as_they_finish(sim_env, tasks, the_world, qwen_renderer):
+    pol = PacedExpert(policy.ScriptedPolicy(savanna.make_policy("expert", the_world), qwen_renderer.tokenizer))
+    config = runner.RolloutConfig(group_size=3, concurrency=2, seed=1, run_id="step7", episode=CONFIG)
+
+    async def collect():
+        seen = []
+        async for group in runner.agroups(sim_env, pol, tasks[:3], renderer=qwen_renderer, config=config):
+            seen.append((group, len(pol.started)))
+        return seen
+
+    seen = asyncio.run(collect())
+    assert pol.max_active == 2 and len(pol.started) == 9
+    assert seen[0][1] < 9  # the first group came out while later episodes had not started yet
+    ids = [group.group_id for group, _ in seen]
+    assert sorted(ids) == [f"step7/{i:06d}/{t.id}" for i, t in enumerate(tasks[:3])]
+    for group, _ in seen:
+        assert [t.sample_index for t in group.trajectories] == [0, 1, 2]
+        assert {t.group_id for t in group.trajectories} == {group.group_id}
+        assert {t.task_id for t in group.trajectories} == {group.task_id}
+        assert len({t.metadata["seed"] for t in group.trajectories}) == 3
+        assert group.rewards.shape == (3,) and group.rewards.dtype.name == "float32"
+    again = runner.run(sim_env, pol, tasks[:3], renderer=qwen_renderer, config=config)
+    assert sorted(t.metadata["seed"] for g in again for t in g.trajectories) == \
+        sorted(t.metadata["seed"] for g, _ in seen for t in g.trajectories)
+
+
+def test_seeds_and_config_errors():
+    seeds = {runner.episode_seed(0, g, k) for g in range(20) for k in range(6)}
+    assert len(seeds) == 120 and runner.episode_seed(3, 1, 2) == runner.episode_seed(3, 1, 2)
+    assert episode.turn_seed(7, 0) != episode.turn_seed(7, 1) and 0 <= episode.turn_seed(2**62, 9) < 2**31
+    with pytest.raises(ValueError, match="group_size must be a positive int; got 0"):
+        runner.RolloutConfig(group_size=0)
+    with pytest.raises(ValueError, match="run_id must be non-empty without '/'; got 'a/b'"):
+        runner.RolloutConfig(run_id="a/b")
+    with pytest.raises(ValueError, match="top_p must be in"):
+        policy.SamplingParams(top_p=0)
+    with pytest.raises(ValueError, match="top_k must be a positive int or -1"):
+        policy.SamplingParams(top_k=0)
+    with pytest.raises(ValueError, match="finish_reason 'eos' is not one of"):
+        policy.Generation(token_ids=[1], logprobs=[0.0], finish_reason="eos")
+    with pytest.raises(ValueError, match="Generation has 2 token_ids but 1 logprobs"):
+        policy.Generation(token_ids=[1, 2], logprobs=[0.0], finish_reason="stop")
+
+
+def png_b64(colour=(200, 30, 30)):
+    buffer = io.BytesIO()
+    Image.new("RGB", (32, 24), colour).save(buffer, "PNG")
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+JUDGE = {"rationale": "ok", "faithfulness": 1, "visual_correctness": 0.5, "text_accuracy": 0, "aesthetics": 0.5,
+         "text_accuracy_na": False, "score": 0.8}
+
+
+@pytest.fixture(scope="module")
+def services():
+    with LoopbackServer() as server:
+        server.route("POST", "/v1/chat/completions", lambda req: Reply.json({
+            "id": "j", "object": "chat.completion", "created": 0, "model": "judge",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": json.dumps(JUDGE)},
+                         "finish_reason": "stop"}], "usage": {"prompt_tokens": 1, "completion_tokens": 1,
+                                                              "total_tokens": 2}}))
+        server.route("POST", "/v1/images/edits", lambda req: Reply.json(
+            {"id": "i", "created": 0, "data": [{"b64_json": png_b64(), "url": None}]}))
+        yield server
+
+
+def test_live_reward_records_the_generated_image_or_its_failure(services, sim_env, tasks, the_world, qwen_renderer):
+    expert = policy.ScriptedPolicy(savanna.make_policy("expert", the_world), qwen_renderer.tokenizer)
+    overrides = {"kind": "judge", "judge_url": services.url + "/v1", "judge_model": "judge",
+                 "generator_url": services.url}
+    scorer = scoring.make_scorer(sim_env, overrides=overrides)
+    assert isinstance(scorer, scoring.LiveScorer)
+    [group] = runner.run(sim_env, expert, tasks[:1], renderer=qwen_renderer, scorer=scorer,
+                         config=runner.RolloutConfig(episode=CONFIG))
+    traj = group.trajectories[0]
+    assert traj.termination == core.ANSWER and traj.generation_error is None
+    assert Image.open(io.BytesIO(traj.generated_image)).getpixel((0, 0)) == (200, 30, 30)
+    overall = kscore.parse_judge_output(JUDGE).overall
+    assert traj.reward == pytest.approx(0.5 * overall + 0.5 * text_reward.snap(0.8))
+    assert traj.reward_breakdown["components"]["kscore"]["faithfulness"] == 1
+    assert traj.metadata["generation_request"]["num_references"] == 1 and traj.timings["generation_s"] > 0
+    edits = [r for r in services.requests if r.path == "/v1/images/edits"]
+    assert len(edits) == 1
+
+    services.fail_next("POST", "/v1/images/edits", Reply.json({"detail": "CUDA out of memory"}, status=400))
+    [group] = runner.run(sim_env, expert, tasks[:1], renderer=qwen_renderer, scorer=scorer,
+                         config=runner.RolloutConfig(episode=CONFIG))
+    failed = group.trajectories[0]
+    assert failed.generated_image is None and "CUDA out of memory" in failed.generation_error
+    assert failed.reward == 0.0 and failed.reward_breakdown["zero_reason"] == combine.GENERATION_FAILED
+
+
+def test_task_ground_truth_and_scorer_errors(sim_env, tasks, world_dir):
+    assert scoring.task_ground_truth(tasks[0]) == str(world_dir / tasks[0].ground_truth["image_file"])
+    assert scoring.task_ground_truth(core.Task("k", "p", ground_truth={"gt_image": "a.png"})) == "a.png"
+    assert scoring.task_ground_truth(core.Task("k", "p", ground_truth=b"raw")) == b"raw"
+    assert scoring.task_ground_truth(core.Task("k", "p", ground_truth={"other": 1})) is None
+    with pytest.raises(ValueError, match="reward kind 'sim' needs the offline world"):
+        scoring.make_scorer(sim_env)
+    with pytest.raises(ValueError, match="unknown reward kind 'vibes'; known kinds"):
+        scoring.make_scorer(sim_env, overrides={"kind": "vibes"})
+    with pytest.raises(ValueError, match="needs the \\[rewards\\] key 'judge_url'"):
+        scoring.make_scorer(sim_env, overrides={"kind": "judge"})

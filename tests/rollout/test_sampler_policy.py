@@ -1,0 +1,93 @@
+"""The tiny random policy end to end: in-process JAX sampler and an SGLang server backed by the same sampler."""
+
+import numpy as np
+import pytest
+from scipy.special import log_softmax
+from support.sglang_server import SGLangSamplerServer
+
+from ranger_jax.clients import sglang
+from ranger_jax.env import core
+from ranger_jax.models import qwen3_vl
+from ranger_jax.rollout import runner, sampler_policy, scoring, sglang_policy
+
+ROWS = 2
+CAPACITY = 2048
+
+
+def mask_runs(mask):
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], mask, [0]])))
+    return list(zip(edges[::2], edges[1::2]))
+
+
+@pytest.fixture(scope="module")
+def scorer(tiny_env, the_world):
+    return scoring.make_scorer(tiny_env, world=the_world, generate_images=False)
+
+
+@pytest.fixture(scope="module")
+def random_groups(tiny_env, tiny_sampler, tiny_renderer, tiny_config, tasks, scorer):
+    pol = sampler_policy.SamplerPolicy(tiny_sampler, num_rows=ROWS, capacity=CAPACITY)
+    config = runner.RolloutConfig(group_size=2, concurrency=ROWS, seed=5, run_id="tiny", episode=tiny_config())
+    groups = runner.run(tiny_env, pol, tasks[:2], renderer=tiny_renderer, config=config, scorer=scorer)
+    return pol, groups
+
+
+def test_tiny_random_policy_gives_valid_trajectories_with_named_terminations(random_groups, tiny_renderer):
+    pol, groups = random_groups
+    tok = tiny_renderer.tokenizer
+    trajectories = [t for g in groups for t in g.trajectories]
+    assert len(groups) == 2 and len(trajectories) == 4
+    for traj in trajectories:
+        assert traj.termination in core.TERMINATIONS and traj.termination != core.ANSWER
+        assert traj.metadata["token_exact"] and traj.metadata["rl_trainable"]
+        assert traj.num_tokens <= 2048 and traj.reward == 0.0 and traj.reward_breakdown["zero_reason"]
+        runs = mask_runs(traj.loss_mask)
+        assert len(runs) == len(traj.metadata["turns"]) >= 1
+        generated = traj.loss_mask == 1
+        assert (traj.sampler_logprobs[generated] < 0).all() and not traj.sampler_logprobs[~generated].any()
+        for a, b in runs:  # each turn is closed: by its own <|im_end|> (mask 1) or the loop's (mask 0)
+            assert tok.im_end_id in (traj.token_ids[b - 1], traj.token_ids[b])
+    samples = groups[0].trajectories
+    assert samples[0].metadata["seed"] != samples[1].metadata["seed"]
+    assert not np.array_equal(samples[0].token_ids, samples[1].token_ids)
+    said = [m["content"] for t in trajectories for m in t.messages if m["role"] == "user"][2:]
+    assert any("Invalid format" in text or "RESPONSE TOO LONG" in text for text in said)
+    batch_sizes = {turn["policy"]["batch_size"] for t in trajectories for turn in t.metadata["turns"]}
+    assert 2 in batch_sizes  # turns of different episodes ran as one sampler call
+    assert pol.num_batches < sum(len(t.metadata["turns"]) for t in trajectories)
+
+
+def test_recorded_logprobs_are_the_models_on_the_recorded_tokens(random_groups, tiny_checkpoint):
+    """Token-exact: a full forward pass over the recorded sequence reproduces every sampled log-prob."""
+    _, groups = random_groups
+    traj = max((t for g in groups for t in g.trajectories), key=lambda t: len(t.metadata["turns"]))
+    model = qwen3_vl.load(tiny_checkpoint)
+    length = 2048
+    ids = np.zeros((1, length), np.int32)
+    ids[0, :traj.num_tokens] = traj.token_ids
+    mask = (np.arange(length) < traj.num_tokens)[None].astype(np.int32)
+    logits = np.asarray(model(ids, attention_mask=mask))[0]
+    logprobs = log_softmax(logits.astype(np.float64), axis=-1)
+    positions = np.flatnonzero(traj.loss_mask)
+    expected = logprobs[positions - 1, traj.token_ids[positions]]  # temperature 1: log_softmax(logits)
+    np.testing.assert_allclose(traj.sampler_logprobs[positions], expected, atol=1e-4)
+
+
+def test_in_process_sampler_and_sglang_server_give_identical_trajectories(
+        tiny_env, tiny_sampler, tiny_renderer, tiny_config, tiny_checkpoint, tasks, scorer):
+    config = runner.RolloutConfig(group_size=2, concurrency=1, seed=9, run_id="same", episode=tiny_config())
+    local = sampler_policy.SamplerPolicy(tiny_sampler, num_rows=ROWS, capacity=CAPACITY)
+    ours = runner.run(tiny_env, local, tasks[2:3], renderer=tiny_renderer, config=config, scorer=scorer)
+    with SGLangSamplerServer(tiny_checkpoint, sampler=tiny_sampler, num_rows=ROWS, capacity=CAPACITY,
+                             min_pixels=1024, max_pixels=16_384) as server:
+        remote = sglang_policy.SGLangPolicy(sglang.SGLangClient(server.url))
+        theirs = runner.run(tiny_env, remote, tasks[2:3], renderer=tiny_renderer, config=config, scorer=scorer)
+        assert server.num_generate == sum(len(t.metadata["turns"]) for t in theirs[0].trajectories)
+    for a, b in zip(ours[0].trajectories, theirs[0].trajectories, strict=True):
+        np.testing.assert_array_equal(a.token_ids, b.token_ids)
+        np.testing.assert_array_equal(a.loss_mask, b.loss_mask)
+        np.testing.assert_array_equal(a.sampler_logprobs, b.sampler_logprobs)
+        assert (a.termination, a.messages, a.policy_version) == (b.termination, b.messages, b.policy_version)
+        assert a.metadata["policy"] == "jax" and b.metadata["policy"] == "sglang"
+        cached = [turn["policy"]["cached_tokens"] for turn in b.metadata["turns"]]
+        assert cached[0] == 0 and all(c > 0 for c in cached[1:])  # later turns reuse the server's cached prefix
