@@ -111,7 +111,8 @@ class HarnessPolicy:
         messages.append(_assistant_message(result))
         generation = policy_lib.text_generation(self.tokenizer, protocol_text(result),
                                                 max_new_tokens=request.max_new_tokens,
-                                                info={"usage": dict(result.usage), "finish_reason": result.finish_reason})
+                                                info={"usage": dict(result.usage),
+                                                      "finish_reason": result.finish_reason})
         if result.finish_reason == "length" and generation.finish_reason == "stop":
             # the model was cut off: its text is incomplete even though it fits in our tokens
             return policy_lib.Generation(token_ids=generation.token_ids[:-1], logprobs=generation.logprobs[:-1],

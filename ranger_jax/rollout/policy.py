@@ -100,7 +100,8 @@ class Generation:
     def __post_init__(self):
         ids = np.asarray(self.token_ids)
         if ids.ndim != 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
-            raise ValueError(f"Generation.token_ids must be a 1-D int sequence; got shape {ids.shape} dtype {ids.dtype}")
+            raise ValueError(f"Generation.token_ids must be a 1-D int sequence; got shape {ids.shape} "
+                             f"dtype {ids.dtype}")
         logprobs = np.asarray(self.logprobs, np.float32).reshape(-1)
         if logprobs.shape != ids.shape:
             raise ValueError(f"Generation has {ids.size} token_ids but {logprobs.size} logprobs")

@@ -103,12 +103,11 @@ def make_scorer(env: tool_env.ToolEnv, *, world: str | os.PathLike | world_lib.W
             raise ValueError(f"{where}: reward kind 'sim' needs the offline world (world=DIR)")
         loaded = world if isinstance(world, world_lib.World) else world_lib.load_world(Path(world))
         return OfflineScorer(offline.OfflineReward.from_settings(loaded, settings, generate=generate_images))
-    judge_client = chat.ChatClient(_setting(settings, "judge_url", where), model=_setting(settings, "judge_model", where),
-                                   api_key=api_key)
-    generator = images_lib.SGLangImageGenerator(_setting(settings, "generator_url", where),
-                                                model=settings.get("generator_model"),
-                                                max_references=settings.get("max_ref_images", images_lib.MAX_REFERENCES),
-                                                api_key=api_key)
+    judge_client = chat.ChatClient(_setting(settings, "judge_url", where),
+                                   model=_setting(settings, "judge_model", where), api_key=api_key)
+    generator = images_lib.SGLangImageGenerator(
+        _setting(settings, "generator_url", where), model=settings.get("generator_model"),
+        max_references=settings.get("max_ref_images", images_lib.MAX_REFERENCES), api_key=api_key)
     alpha = float(settings.get("text_coef", 0.0))
     reward = live.LiveReward(generator, image_judge=KScoreJudge(judge_client) if alpha < 1 else None,
                              text_judge=TextRewardJudge(judge_client) if alpha > 0 else None, alpha=alpha,

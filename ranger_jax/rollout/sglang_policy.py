@@ -27,8 +27,9 @@ def sampling_params(request: policy_lib.TurnRequest) -> dict[str, Any]:
     """SGLang `sampling_params` of a turn (greedy = temperature 0; top_k -1 = all)."""
     sampling = request.sampling
     return {"max_new_tokens": request.max_new_tokens, "temperature": float(sampling.temperature),
-            "top_p": float(sampling.top_p), "top_k": int(sampling.top_k), "stop_token_ids": list(request.stop_token_ids),
-            "sampling_seed": int(request.seed), "skip_special_tokens": False}
+            "top_p": float(sampling.top_p), "top_k": int(sampling.top_k),
+            "stop_token_ids": list(request.stop_token_ids), "sampling_seed": int(request.seed),
+            "skip_special_tokens": False}
 
 
 def version_number(weight_version: str, default: int) -> int:

@@ -80,7 +80,8 @@ def test_harness_episode_over_chat_loopback(loopback, sim_env, tasks, qwen_rende
 
     first, second, third = script.bodies
     assert first["tools"] == sim_env.tool_schemas() and first["model"] == "frontier"
-    assert [m["role"] for m in first["messages"]] == ["system", "user"] and first["messages"][1]["content"] == task.prompt
+    assert [m["role"] for m in first["messages"]] == ["system", "user"]
+    assert first["messages"][1]["content"] == task.prompt
     assert first["max_tokens"] == 256 and isinstance(first["seed"], int)
     # a native tool call is answered by a tool message; its images follow in a user message, text first
     tool_message, image_message = second["messages"][3], second["messages"][4]
