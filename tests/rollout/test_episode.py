@@ -8,7 +8,9 @@ import pytest
 from PIL import Image
 
 from ranger_jax.data import trajectory as trajectory_lib
-from ranger_jax.env import core
+from ranger_jax.env import config as config_lib
+from ranger_jax.env import core, tool_env
+from ranger_jax.env.backends import base
 from ranger_jax.env.sim import rewards as sim_rewards
 from ranger_jax.env.sim import savanna
 from ranger_jax.processing import preprocess_image
@@ -24,9 +26,9 @@ def mask_runs(mask):
     return list(zip(edges[::2], edges[1::2]))
 
 
-def run(tool_env, pol, task, renderer, config=CONFIG, scorer=None, seed=0):
+def run(the_env, pol, task, renderer, config=CONFIG, scorer=None, seed=0):
     spec = episode.EpisodeSpec(task=task, group_id=f"g/{task.id}", sample_index=0, seed=seed)
-    return asyncio.run(episode.run_episode(tool_env, pol, spec, renderer=renderer, config=config, scorer=scorer))
+    return asyncio.run(episode.run_episode(the_env, pol, spec, renderer=renderer, config=config, scorer=scorer))
 
 
 @pytest.fixture(scope="module")
@@ -194,3 +196,36 @@ def test_episode_config_and_sequence_errors(qwen_renderer):
     traj = trajectory_lib.Trajectory(task_id="t", group_id="g", sample_index=0, policy_version=0, **arrays,
                                      images=tuple(seq.images), image_pad_id=qwen_renderer.tokenizer.image_pad_id)
     assert traj.images[0].token_index == segment.image_spans[0][0]
+
+
+class StripBackend:
+    """A backend whose one image search hit is a 1000x4 strip (aspect ratio 250: the processor refuses it)."""
+
+    def __init__(self):
+        buffer = io.BytesIO()
+        Image.fromarray(np.random.default_rng(0).integers(0, 255, (4, 1000, 3), dtype=np.uint8)).save(buffer, "PNG")
+        self.png = buffer.getvalue()
+
+    async def text_search(self, query, *, top_k, tbs=None):
+        return []
+
+    async def image_search(self, query, *, top_k, tbs=None):
+        return [base.ImageHit(title="strip", image_url="https://img.example.com/strip.png")]
+
+    async def fetch_page(self, url):
+        raise base.BackendError(f"HTTP 404 from {url}")
+
+    async def fetch_image(self, url, *, page_url=None):
+        return base.FetchedImage(url=url, data=self.png, content_type="image/png", page_url=page_url)
+
+    async def aclose(self):
+        pass
+
+
+def test_an_observation_the_processor_refuses_ends_with_error(qwen_renderer):
+    search = text_turn(qwen_renderer, '<tool_call>\n{"name": "image_search", "arguments": {"query": "strip"}}\n'
+                                      '</tool_call>')
+    with tool_env.ToolEnv(StripBackend(), config_lib.EnvConfig()) as strip_env:
+        traj = run(strip_env, ScriptedGenerations([search]), core.Task("s", "Draw the strip"), qwen_renderer)
+    assert traj.termination == core.ERROR and "aspect ratio" in traj.metadata["error"]
+    assert "IMG_001" in traj.metadata["error"] and traj.images == () and len(traj.messages) == 3
