@@ -110,7 +110,7 @@ class Sampler:
         self.mesh = mesh
         self.buckets = buckets or buckets_lib.Buckets()
         vocab = self.config.text_config.vocab_size
-        c = self.config
+        c = model.config
         ids = {c.image_token_id, c.video_token_id, c.vision_start_token_id, c.vision_end_token_id,
                *(int(i) for i in suppress_token_ids)}
         outside = sorted(i for i in ids if not 0 <= i < vocab)
@@ -169,7 +169,7 @@ class Sampler:
 
     def _decode_tokens(self, state, *args, num_steps):
         self._traces["decode"] += 1
-        return steps.decode(self._model(state), *args, self._suppressed, num_steps=num_steps)
+        return steps.decode(self._model(state), *args, num_steps=num_steps)
 
     # ----- sessions -------------------------------------------------------------------------------------------------
 
@@ -266,7 +266,7 @@ class Sampler:
         if not active_rows:
             return [None] * session.num_rows
         batch = session.batch_size
-        steps = self.buckets.new_tokens(max(params[r].max_new_tokens for r in active_rows))
+        num_steps = self.buckets.new_tokens(max(params[r].max_new_tokens for r in active_rows))
         cache_lib.grow(session, self.buckets.cache(max(session.num_tokens(r) + params[r].max_new_tokens
                                                        for r in active_rows)))
         stops = self.buckets.stop_ids(max(len(params[r].stop_token_ids) for r in active_rows))
@@ -283,7 +283,7 @@ class Sampler:
         with self._mesh_context():
             caches, lengths, next_positions, last_logits, tokens, logprobs, counts, stopped = self._decode(
                 self.state, session.caches, session.lengths, session.next_positions, session.last_logits, active,
-                temperature, top_k, top_p, seeds, max_new, stop_ids, num_steps=steps)
+                temperature, top_k, top_p, seeds, max_new, stop_ids, self._suppressed, num_steps=num_steps)
         session.caches, session.lengths = caches, lengths
         session.next_positions, session.last_logits = next_positions, last_logits
         tokens, logprobs, counts, stopped = jax.device_get((tokens, logprobs, counts, stopped))
