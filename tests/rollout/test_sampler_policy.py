@@ -1,5 +1,7 @@
 """The tiny random policy end to end: in-process JAX sampler and an SGLang server backed by the same sampler."""
 
+import asyncio
+
 import numpy as np
 import pytest
 from scipy.special import log_softmax
@@ -8,7 +10,7 @@ from support.sglang_server import SGLangSamplerServer
 from ranger_jax.clients import sglang
 from ranger_jax.env import core
 from ranger_jax.models import qwen3_vl
-from ranger_jax.rollout import runner, sampler_policy, scoring, sglang_policy
+from ranger_jax.rollout import actor, policy, runner, sampler_policy, scoring, sglang_policy
 
 ROWS = 2
 CAPACITY = 2048
@@ -91,3 +93,37 @@ def test_in_process_sampler_and_sglang_server_give_identical_trajectories(
         assert a.metadata["policy"] == "jax" and b.metadata["policy"] == "sglang"
         cached = [turn["policy"]["cached_tokens"] for turn in b.metadata["turns"]]
         assert cached[0] == 0 and all(c > 0 for c in cached[1:])  # later turns reuse the server's cached prefix
+
+
+def test_rows_wait_free_and_weights_update(tiny_sampler, tiny_renderer, tiny_checkpoint, tmp_path):
+    """More episodes than rows wait for a released row; new weights stamp later turns with their version."""
+    tok = tiny_renderer.tokenizer
+    pol = sampler_policy.SamplerPolicy(tiny_sampler, num_rows=ROWS, capacity=CAPACITY)
+
+    def request(rid, offset):
+        ids = (tiny_renderer.render_user(f"task {offset}") + tiny_renderer.generation_prompt()).ids
+        return policy.TurnRequest(rid=rid, turn=0, prompt_ids=ids, new_images=(), max_new_tokens=4,
+                                  sampling=policy.SamplingParams(temperature=0.0), stop_token_ids=(tok.im_end_id,),
+                                  seed=offset, state=None)
+
+    async def scenario():
+        first = await asyncio.gather(pol.generate(request("a", 1)), pol.generate(request("b", 2)))
+        waiting = asyncio.ensure_future(pol.generate(request("c", 3)))
+        await asyncio.sleep(0.05)
+        assert not waiting.done()  # both rows are held by a and b
+        await pol.release("a")
+        third = await asyncio.wait_for(waiting, timeout=60)
+        await pol.release("b")
+        await pol.release("c")
+        return first, third
+
+    (a, b), c = asyncio.run(scenario())
+    assert a.info["batch_size"] == 2 and c.info["batch_size"] == 1
+    assert (a.policy_version, c.policy_version) == (0, 0)
+    other = qwen3_vl.load(actor.write_tiny_checkpoint(tmp_path / "v3", tiny_checkpoint, seed=8))
+    try:
+        pol.update_weights(other, policy_version=3)
+        again = asyncio.run(pol.generate(request("a2", 1)))
+    finally:
+        tiny_sampler.update_weights(qwen3_vl.load(tiny_checkpoint))
+    assert again.policy_version == 3 and not np.array_equal(again.logprobs, a.logprobs)
