@@ -40,6 +40,8 @@ class RolloutConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"RolloutConfig.{name} must be a positive int; got {value!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"RolloutConfig.seed must be an int >= 0; got {self.seed!r}")
         if not self.run_id or "/" in self.run_id:
             raise ValueError(f"RolloutConfig.run_id must be non-empty without '/'; got {self.run_id!r}")
 

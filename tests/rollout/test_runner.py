@@ -73,6 +73,8 @@ def test_seeds_and_config_errors():
     assert episode.turn_seed(7, 0) != episode.turn_seed(7, 1) and 0 <= episode.turn_seed(2**62, 9) < 2**31
     with pytest.raises(ValueError, match="group_size must be a positive int; got 0"):
         runner.RolloutConfig(group_size=0)
+    with pytest.raises(ValueError, match="seed must be an int >= 0; got -1"):
+        runner.RolloutConfig(seed=-1)
     with pytest.raises(ValueError, match="run_id must be non-empty without '/'; got 'a/b'"):
         runner.RolloutConfig(run_id="a/b")
     with pytest.raises(ValueError, match="top_p must be in"):

@@ -1,0 +1,51 @@
+"""Observation images prepared once: the recorded PNG re-preprocesses to the policy's pixels, bit for bit."""
+
+import io
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from ranger_jax.processing import image_token_count, preprocess_image
+from ranger_jax.rollout import sequence
+
+SETTINGS = sequence.VisionSettings(min_pixels=4096, max_pixels=40_000)
+
+
+def noisy(size, mode="RGB", seed=0):
+    rng = np.random.default_rng(seed)
+    channels = len(mode)
+    return Image.fromarray(rng.integers(0, 255, (size[1], size[0], channels), dtype=np.uint8).squeeze(), mode)
+
+
+@pytest.mark.parametrize("size", [(333, 217), (64, 64), (900, 40), (31, 500)])
+def test_recorded_png_gives_the_policys_pixels(size):
+    original = noisy(size)
+    prepared = sequence.prepare_image(original, SETTINGS, img_id="IMG_004", parent_id="IMG_001")
+    reread = Image.open(io.BytesIO(prepared.png))
+    assert reread.mode == "RGB" and reread.size == prepared.image.size
+    assert reread.size[0] % 32 == 0 and reread.size[1] % 32 == 0
+    again, grid = preprocess_image(reread, min_pixels=SETTINGS.min_pixels, max_pixels=SETTINGS.max_pixels)
+    np.testing.assert_array_equal(again, prepared.pixel_values)
+    np.testing.assert_array_equal(grid, prepared.grid_thw)
+    direct, direct_grid = preprocess_image(original, min_pixels=SETTINGS.min_pixels, max_pixels=SETTINGS.max_pixels)
+    np.testing.assert_array_equal(direct, prepared.pixel_values)  # the same pixels as preprocessing the original
+    assert prepared.num_tokens == image_token_count(grid) <= SETTINGS.max_pixels // 1024
+    assert (prepared.img_id, prepared.parent_id) == ("IMG_004", "IMG_001")
+
+
+def test_transparency_is_flattened_once():
+    rgba = noisy((120, 80), "RGBA", seed=2)
+    prepared = sequence.prepare_image(rgba, SETTINGS)
+    assert Image.open(io.BytesIO(prepared.png)).mode == "RGB"
+    again, _ = preprocess_image(Image.open(io.BytesIO(prepared.png)), min_pixels=4096, max_pixels=40_000)
+    np.testing.assert_array_equal(again, prepared.pixel_values)
+
+
+def test_settings_and_refusals():
+    with pytest.raises(ValueError, match=r"min_pixels \(50000\) > max_pixels \(40000\)"):
+        sequence.VisionSettings(min_pixels=50_000, max_pixels=40_000)
+    with pytest.raises(ValueError, match="VisionSettings.merge_size must be a positive int; got 0"):
+        sequence.VisionSettings(merge_size=0)
+    with pytest.raises(ValueError, match="image IMG_009 of size 2000x4: .*aspect ratio"):
+        sequence.prepare_image(noisy((2000, 4)), SETTINGS, img_id="IMG_009")
