@@ -69,10 +69,14 @@ class OfflineReward:
         self.generator = generator if generate else None
 
     @classmethod
-    def from_settings(cls, world: world_lib.World, settings: Mapping[str, Any], **kwargs: Any) -> "OfflineReward":
-        """An OfflineReward from an environment's `[rewards]` table (`ToolEnv.rewards`)."""
-        bounds = {k: settings[k] for k in ("min_references", "max_references") if k in settings}
-        return cls(world, criteria=criteria_from_settings(settings), **bounds, **kwargs)
+    def from_settings(cls, world: world_lib.World, settings: Mapping[str, Any], *,
+                      generator: images_lib.Generator | None = None, generate: bool = True,
+                      seed: int = 0) -> "OfflineReward":
+        """An OfflineReward from an environment's `[rewards]` table (`ToolEnv.rewards`); see the class for the rest."""
+        return cls(world, criteria=criteria_from_settings(settings),
+                   min_references=settings.get("min_references", combine.MIN_REFERENCES),
+                   max_references=settings.get("max_references", combine.MAX_REFERENCES),
+                   generator=generator, generate=generate, seed=seed)
 
     def breakdown(self, task: core.Task, *, answer: core.Answer | None, termination: str | None,
                   images: Mapping[str, core.ImageRecord]) -> combine.RewardBreakdown:

@@ -171,9 +171,14 @@ async def arun_actor(tool_env: env_lib.ToolEnv, policy: policy_lib.Policy, tasks
                         terminations=dict(sorted(terminations.items())))
 
 
-def run_actor(*args: Any, **kwargs: Any) -> ActorSummary:
+def run_actor(tool_env: env_lib.ToolEnv, policy: policy_lib.Policy, tasks: Sequence[core.Task], *,
+              renderer: chat_lib.ChatRenderer, out_dir: str | os.PathLike,
+              config: runner.RolloutConfig = runner.RolloutConfig(), scorer: episode_lib.Scorer | None = None,
+              prefix: str = "trajectories", records_per_shard: int = 256, progress: bool = False) -> ActorSummary:
     """Sync twin of `arun_actor` (must not be called from a running event loop)."""
-    return asyncio.run(arun_actor(*args, **kwargs))
+    return asyncio.run(arun_actor(tool_env, policy, tasks, renderer=renderer, out_dir=out_dir, config=config,
+                                  scorer=scorer, prefix=prefix, records_per_shard=records_per_shard,
+                                  progress=progress))
 
 
 def load_task_file(path: str | os.PathLike) -> list[core.Task]:

@@ -14,8 +14,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import AsyncIterator, Iterable
-from typing import Any
-
 import numpy as np
 
 from ranger_jax.data import trajectory
@@ -114,12 +112,15 @@ async def agroups(env: tool_env.ToolEnv, policy: policy_lib.Policy, tasks: Itera
             await asyncio.gather(*running, return_exceptions=True)
 
 
-async def arun(env: tool_env.ToolEnv, policy: policy_lib.Policy, tasks: Iterable[core.Task], **kwargs: Any
-               ) -> list[Group]:
-    """Every group of `agroups(env, policy, tasks, **kwargs)`, in completion order."""
-    return [group async for group in agroups(env, policy, tasks, **kwargs)]
+async def arun(env: tool_env.ToolEnv, policy: policy_lib.Policy, tasks: Iterable[core.Task], *,
+               renderer: chat.ChatRenderer, config: RolloutConfig = RolloutConfig(),
+               scorer: episode_lib.Scorer | None = None) -> list[Group]:
+    """Every group of `agroups(...)` (same arguments), in completion order."""
+    return [group async for group in agroups(env, policy, tasks, renderer=renderer, config=config, scorer=scorer)]
 
 
-def run(env: tool_env.ToolEnv, policy: policy_lib.Policy, tasks: Iterable[core.Task], **kwargs: Any) -> list[Group]:
+def run(env: tool_env.ToolEnv, policy: policy_lib.Policy, tasks: Iterable[core.Task], *,
+        renderer: chat.ChatRenderer, config: RolloutConfig = RolloutConfig(),
+        scorer: episode_lib.Scorer | None = None) -> list[Group]:
     """Sync twin of `arun` (must not be called from a running event loop)."""
-    return asyncio.run(arun(env, policy, tasks, **kwargs))
+    return asyncio.run(arun(env, policy, tasks, renderer=renderer, config=config, scorer=scorer))
