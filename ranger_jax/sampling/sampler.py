@@ -302,3 +302,31 @@ class Sampler:
         session = self.new_session(len(prompts))
         self.append(session, prompts)
         return self.generate(session, params)
+
+    def warmup(self, num_rows: int, *, prompt_length: int, max_new_tokens: int,
+               image_grid_thw: Sequence[Sequence[int]] = ()) -> dict[str, int]:
+        """Compiles the buckets of a call shape ahead of time by running a throwaway session through them.
+
+        Args:
+            num_rows: rows of the sessions to come.
+            prompt_length: text tokens per row of the appends to come (images add their placeholders).
+            max_new_tokens: budget of the generate calls to come.
+            image_grid_thw: grids of the images of one append call (placed in row 0), e.g. [(1, 16, 16)].
+
+        Returns:
+            `compilations` afterwards.
+        """
+        config = self.config
+        merge = config.vision_config.spatial_merge_size
+        text_id = 0 if config.image_token_id != 0 else 1
+        segments = [Segment([text_id] * prompt_length) for _ in range(num_rows)]
+        grids = np.asarray(image_grid_thw, np.int64).reshape(-1, 3)
+        if len(grids):
+            ids = [text_id] * prompt_length
+            for grid in grids:
+                ids += [config.vision_start_token_id, *[config.image_token_id] * (int(grid.prod()) // merge**2),
+                        config.vision_end_token_id]
+            pixels = np.zeros((int(grids.prod(-1).sum()), config.vision_config.patch_features), np.float32)
+            segments[0] = Segment(ids, pixels, grids)
+        self.complete(segments, SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens))
+        return self.compilations

@@ -123,10 +123,8 @@ def test_seeded_sampling_is_reproducible_and_top_k_one_is_greedy(tiny):
 
 def test_steady_state_does_not_recompile(tiny, to_segments):
     sampler, config = tiny.sampler, tiny.config
-    image_rows = tiny_hf.make_batch(config, [[3, (4, 4), 2], [6]], seed=31)
-    sampler.complete(to_segments(image_rows), SamplingParams(temperature=0.0, max_new_tokens=4))
-    sampler.complete([Segment(np.arange(10, 20))], SamplingParams(temperature=0.0, max_new_tokens=4))
-    warm = sampler.compilations
+    sampler.warmup(2, prompt_length=5, max_new_tokens=4, image_grid_thw=[(1, 4, 4), (1, 2, 2)])
+    warm = sampler.warmup(1, prompt_length=10, max_new_tokens=4)
     # other prompt lengths, image sizes, batch sizes within the buckets, budgets, sampling settings and stop ids
     other_images = tiny_hf.make_batch(config, [[1, (2, 6), 9], [2], [4, (4, 2), 1]], seed=32)
     sampler.complete(to_segments(other_images), SamplingParams(temperature=0.7, top_p=0.9, top_k=5,
