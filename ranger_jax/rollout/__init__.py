@@ -1,6 +1,6 @@
 """The multi-turn agent loop and the actor process: policies × `ToolEnv` → token-exact `Trajectory` shards.
 
-    from ranger_jax.rollout import episode, policy, runner
+    from ranger_jax.rollout import runner, scoring
     groups = runner.run(tool_env, policy, tasks, renderer=renderer, config=runner.RolloutConfig(group_size=6),
                         scorer=scoring.make_scorer(tool_env, world=world_dir))
 
