@@ -1,5 +1,5 @@
 """One tiny transformers checkpoint (GQA 4:1, DeepStack, uneven mrope sections), our model loaded from it, and one
-shared `Sampler` whose buckets keep every test on a few compiled shapes (B 4, T 32, S 128, 16 new tokens)."""
+shared `Sampler` whose buckets keep every test on a few compiled shapes (B 4, T 32, S 128, 4 images, 16 new tokens)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ CONFIG = Qwen3VLConfig(
                                spatial_merge_size=2, out_hidden_size=64, num_position_embeddings=16,
                                deepstack_visual_indexes=(0, 1)),
     image_token_id=5, video_token_id=6, vision_start_token_id=3, vision_end_token_id=4, tie_word_embeddings=False)
-BUCKETS = Buckets(min_batch=4, min_length=32, min_cache=128, min_new_tokens=16)
+BUCKETS = Buckets(min_batch=4, min_length=32, min_cache=128, min_images=4, min_new_tokens=16)
 
 
 @dataclasses.dataclass

@@ -43,13 +43,13 @@ def test_multi_turn_appends_equal_one_shot_on_the_concatenation(tiny, to_segment
     """Turn 2 appends a tool response with two new images to the cache; tokens, log-probs, positions and rope deltas
     equal a fresh run on the whole concatenated sequence (a sampled row too: its keys follow its length)."""
     sampler, config = tiny.sampler, tiny.config
-    first = to_segments(tiny_hf.make_batch(config, [[4, (4, 6), 3], [5]], seed=21))
-    second = to_segments(tiny_hf.make_batch(config, [[2, (2, 4), 3, (4, 4), 2], [3]], seed=22))
+    first = to_segments(tiny_hf.make_batch(config, [[2, (4, 6), 1], [5]], seed=21))
+    second = to_segments(tiny_hf.make_batch(config, [[1, (2, 4), 2, (4, 4), 1], [3]], seed=22))
     turn2 = [SamplingParams(temperature=0.0, max_new_tokens=6), SamplingParams(temperature=0.9, seed=5,
                                                                                 max_new_tokens=6)]
     session = sampler.new_session(2)
     sampler.append(session, first)
-    reply = sampler.generate(session, SamplingParams(temperature=0.0, max_new_tokens=5))
+    reply = sampler.generate(session, SamplingParams(temperature=0.0, max_new_tokens=4))
     sampler.append(session, second)
     incremental = sampler.generate(session, turn2)
 
@@ -71,18 +71,19 @@ def test_multi_turn_appends_equal_one_shot_on_the_concatenation(tiny, to_segment
     assert session.image_grid_thw == [[(1, 4, 6), (1, 2, 4), (1, 4, 4)], []]
     rope_kw = dict(image_token_id=config.image_token_id, spatial_merge_size=2)
     ids0 = np.asarray(session.token_ids[0])[None]
-    positions, deltas = get_rope_index(ids0, whole[0].image_grid_thw, None, **rope_kw)
+    positions, deltas = jax.jit(get_rope_index, static_argnames=tuple(rope_kw))(ids0, whole[0].image_grid_thw, None,
+                                                                                  **rope_kw)
+    positions = np.asarray(positions)
     assert session.rope_deltas[0] == int(deltas[0])
     assert session.rope_deltas[1] == 0  # text only: positions are slots
 
     # the appended segment's 3-D positions (two images) continue the history exactly as on the whole sequence
     prefix = len(first[0].token_ids) + len(reply[0].token_ids)
-    head, _ = get_rope_index(ids0[:, :prefix], first[0].image_grid_thw, None, **rope_kw)
     segment = np.asarray(second[0].token_ids)[None]
     tail, next_position = jax.jit(steps.append_positions, static_argnames=tuple(rope_kw))(
-        segment, second[0].image_grid_thw, np.array([segment.shape[1]]), np.asarray(head).max(axis=(0, 2)) + 1,
+        segment, second[0].image_grid_thw, np.array([segment.shape[1]]), positions[:, :, :prefix].max(axis=(0, 2)) + 1,
         **rope_kw)
-    np.testing.assert_array_equal(np.asarray(tail), np.asarray(positions)[:, :, prefix:prefix + segment.shape[1]])
+    np.testing.assert_array_equal(np.asarray(tail), positions[:, :, prefix:prefix + segment.shape[1]])
     assert int(next_position[0]) == int(np.asarray(tail).max()) + 1
 
 
