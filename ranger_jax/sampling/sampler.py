@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import logging
 from collections.abc import Sequence
 
 import jax
@@ -32,6 +33,8 @@ from ranger_jax.models.qwen3_vl import model as model_lib
 from ranger_jax.sampling import buckets as buckets_lib
 from ranger_jax.sampling import cache as cache_lib
 from ranger_jax.sampling import steps
+
+log = logging.getLogger(__name__)
 
 FINISH_STOP = "stop"  # sampled one of its stop ids (kept as the last token)
 FINISH_LENGTH = "length"  # reached max_new_tokens
@@ -159,17 +162,24 @@ class Sampler:
     def _model(self, state) -> model_lib.Qwen3VL:
         return nnx.merge(self.graphdef, state)
 
+    def _count(self, name: str, *shapes) -> None:
+        self._traces[name] += 1
+        log.info("sampler: compiling %s #%d for shapes %s", name, self._traces[name], shapes)
+
     def _encode_images(self, state, pixel_values, grid_thw):
-        self._traces["encode_images"] += 1
+        self._count("encode_images", pixel_values.shape, grid_thw.shape)
         return self._model(state).encode_images(pixel_values, grid_thw)
 
-    def _append_tokens(self, state, *args):
-        self._traces["append"] += 1
-        return steps.append(self._model(state), *args)
+    def _append_tokens(self, state, caches, lengths, next_positions, last_logits, input_ids, num_new, image_embeds,
+                       deepstack, grid_thw):
+        self._count("append", input_ids.shape, caches[0].key.shape[1],
+                    None if image_embeds is None else image_embeds.shape[0])
+        return steps.append(self._model(state), caches, lengths, next_positions, last_logits, input_ids, num_new,
+                            image_embeds, deepstack, grid_thw)
 
-    def _decode_tokens(self, state, *args, num_steps):
-        self._traces["decode"] += 1
-        return steps.decode(self._model(state), *args, num_steps=num_steps)
+    def _decode_tokens(self, state, caches, *rows, num_steps):
+        self._count("decode", caches[0].key.shape[:2], num_steps)
+        return steps.decode(self._model(state), caches, *rows, num_steps=num_steps)
 
     # ----- sessions -------------------------------------------------------------------------------------------------
 

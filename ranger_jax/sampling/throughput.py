@@ -65,9 +65,8 @@ def time_sampler(sampler: sampler_lib.Sampler, prompts: np.ndarray, *, max_new_t
     params = sampler_lib.SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
     segments = [sampler_lib.Segment(row) for row in prompts]
 
-    def run():
-        completions = sampler.complete(segments, params)
-        return completions
+    def run():  # returns host arrays, so the clock stops after the device finished
+        return sampler.complete(segments, params)
 
     start = time.perf_counter()
     run()
@@ -104,7 +103,7 @@ def transformers_generate(hf_model, prompts: np.ndarray, *, max_new_tokens: int,
         prompts: [B, T] int ids, unpadded.
         max_new_tokens: exact number of new tokens per row (eos disabled).
         repeats: timed calls after one warm-up.
-        threads: torch intra-op threads; default os.cpu_count().
+        threads: torch intra-op threads (set process-wide with `torch.set_num_threads`); default os.cpu_count().
 
     Returns:
         {"warmup_s", "seconds", "tokens_per_s", "threads", "token_ids": [B, N]}.
