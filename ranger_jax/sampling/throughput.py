@@ -1,11 +1,13 @@
 """Decode throughput: new tokens per second of our `Sampler` and of transformers' `generate`, on the same weights.
 
 Used by `benchmarks/decode_vs_torch.py`. Both sides get the same token prompts (no padding) and generate exactly
-`max_new_tokens` greedy tokens per row (no stop ids, fp32). Ours is timed end to end per call: a fresh session,
-the prefill, the jitted decode loop and the copy of tokens and log-probs to the host; the first call (which
-compiles) is reported apart, then the median of `repeats` calls. The reference is
-`Qwen3VLForConditionalGeneration.generate(do_sample=False)` with sdpa attention and `torch.set_num_threads(cores)`,
-median of `repeats` calls after one warm-up. torch and transformers are imported only by `transformers_generate`.
+`max_new_tokens` greedy tokens per row (no stop ids, fp32). A call of ours is end to end: a fresh session, the
+prefill, the jitted decode loop and the copy of tokens and log-probs to the host. The reference call is
+`Qwen3VLForConditionalGeneration.generate(do_sample=False)` under `torch.inference_mode`.
+
+`time_interleaved` runs each side once first (our compilation, torch's warm-up; reported apart), then alternates
+the sides for `repeats` rounds and takes medians, so a machine whose load drifts during the run affects both
+sides alike. torch and transformers are imported only by `transformers_call`.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import jax
 import numpy as np
@@ -44,86 +46,77 @@ def random_prompts(config: config_lib.Qwen3VLConfig, *, batch: int, length: int,
     return np.random.default_rng(seed).integers(low, config.text_config.vocab_size, (batch, length), np.int32)
 
 
-def _median_time(run: Callable[[], object], repeats: int) -> tuple[float, object]:
-    times, result = [], None
-    for _ in range(repeats):
-        start = time.perf_counter()
-        result = run()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), result
-
-
-def time_sampler(sampler: sampler_lib.Sampler, prompts: np.ndarray, *, max_new_tokens: int,
-                 repeats: int = 3) -> dict:
-    """Greedy end-to-end generation with our sampler.
-
-    Returns:
-        {"compile_s": first call (compiles), "seconds": median steady call, "tokens_per_s": new tokens / s,
-         "decode_seconds": median of the decode call alone, "decode_tokens_per_s", "token_ids": [B, N] of the last
-         call, "logprobs": [B, N]}.
-    """
+def sampler_call(sampler: sampler_lib.Sampler, prompts: np.ndarray, *,
+                 max_new_tokens: int) -> Callable[[], tuple[np.ndarray, np.ndarray]]:
+    """A call of greedy end-to-end generation with our sampler, returning host (token_ids, logprobs) [B, N]."""
     params = sampler_lib.SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
     segments = [sampler_lib.Segment(row) for row in prompts]
 
-    def run():  # returns host arrays, so the clock stops after the device finished
-        return sampler.complete(segments, params)
+    def run():  # host arrays come back, so the clock stops after the device finished
+        completions = sampler.complete(segments, params)
+        return np.stack([c.token_ids for c in completions]), np.stack([c.logprobs for c in completions])
 
-    start = time.perf_counter()
-    run()
-    compile_s = time.perf_counter() - start
-    seconds, completions = _median_time(run, repeats)
-
-    def decode_only():
-        session = sampler.new_session(len(segments))
-        sampler.append(session, segments)
-        jax.block_until_ready(session.last_logits)
-        start = time.perf_counter()
-        sampler.generate(session, params)  # returns host arrays: the decode has finished
-        return time.perf_counter() - start
-
-    decode_seconds = statistics.median(decode_only() for _ in range(repeats))
-    new_tokens = sum(len(c.token_ids) for c in completions)
-    return {
-        "compile_s": compile_s,
-        "seconds": seconds,
-        "tokens_per_s": new_tokens / seconds,
-        "decode_seconds": decode_seconds,
-        "decode_tokens_per_s": new_tokens / decode_seconds,
-        "token_ids": np.stack([c.token_ids for c in completions]),
-        "logprobs": np.stack([c.logprobs for c in completions]),
-    }
+    return run
 
 
-def transformers_generate(hf_model, prompts: np.ndarray, *, max_new_tokens: int, repeats: int = 3,
-                          threads: int | None = None) -> dict:
-    """Greedy `generate` of a transformers Qwen3-VL on the same prompts.
+def transformers_call(hf_model, prompts: np.ndarray, *, max_new_tokens: int,
+                      threads: int | None = None) -> Callable[[], np.ndarray]:
+    """A call of transformers' greedy `generate` on the same prompts, returning the new ids [B, N].
 
     Args:
         hf_model: a `Qwen3VLForConditionalGeneration` in eval mode.
         prompts: [B, T] int ids, unpadded.
         max_new_tokens: exact number of new tokens per row (eos disabled).
-        repeats: timed calls after one warm-up.
-        threads: torch intra-op threads (set process-wide with `torch.set_num_threads`); default os.cpu_count().
-
-    Returns:
-        {"warmup_s", "seconds", "tokens_per_s", "threads", "token_ids": [B, N]}.
+        threads: torch intra-op threads, set process-wide (`torch.set_num_threads`) at each call; default
+            os.cpu_count().
     """
     import torch
 
     threads = threads or os.cpu_count() or 1
-    torch.set_num_threads(threads)
     input_ids = torch.from_numpy(np.asarray(prompts, np.int64))
     kwargs = dict(attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens,
                   min_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
 
     @torch.inference_mode()
     def run():
-        return hf_model.generate(input_ids, **kwargs)
+        torch.set_num_threads(threads)  # per call: calls with other thread counts may be interleaved
+        return hf_model.generate(input_ids, **kwargs)[:, input_ids.shape[1]:].numpy()
 
-    start = time.perf_counter()
-    run()
-    warmup_s = time.perf_counter() - start
-    seconds, out = _median_time(run, repeats)
-    new = out[:, input_ids.shape[1]:].numpy()
-    return {"warmup_s": warmup_s, "seconds": seconds, "tokens_per_s": new.size / seconds, "threads": threads,
-            "token_ids": new}
+    return run
+
+
+def time_interleaved(calls: Mapping[str, Callable[[], object]], *, repeats: int = 3) -> dict[str, dict]:
+    """Times each call once (first call: compile / warm-up), then `repeats` alternating rounds.
+
+    Returns:
+        {name: {"first_s", "seconds" (median of the rounds), "times" (each round), "result" (of the last call)}}.
+    """
+    out: dict[str, dict] = {}
+    for name, call in calls.items():
+        start = time.perf_counter()
+        result = call()
+        out[name] = {"first_s": time.perf_counter() - start, "times": [], "result": result}
+    for _ in range(repeats):
+        for name, call in calls.items():
+            start = time.perf_counter()
+            out[name]["result"] = call()
+            out[name]["times"].append(time.perf_counter() - start)
+    for entry in out.values():
+        entry["seconds"] = statistics.median(entry["times"])
+    return out
+
+
+def decode_seconds(sampler: sampler_lib.Sampler, prompts: np.ndarray, *, max_new_tokens: int,
+                   repeats: int = 3) -> float:
+    """Median seconds of our `generate` call alone (the jitted decode loop), after a timed-apart prefill."""
+    params = sampler_lib.SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
+    segments = [sampler_lib.Segment(row) for row in prompts]
+    times = []
+    for _ in range(repeats):
+        session = sampler.new_session(len(segments))
+        sampler.append(session, segments)
+        jax.block_until_ready(session.last_logits)
+        start = time.perf_counter()
+        sampler.generate(session, params)  # returns host arrays: the decode has finished
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)

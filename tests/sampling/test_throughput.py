@@ -1,4 +1,5 @@
-"""The decode benchmark's library side: its config, prompts, and both timers on a tiny checkpoint (no timing asserts)."""
+"""The decode benchmark's library side: its config, prompts, and both timed calls on a tiny checkpoint (no timing
+asserts)."""
 
 from __future__ import annotations
 
@@ -16,14 +17,19 @@ def test_benchmark_config_is_the_issue_2_model():
     assert prompts.shape == (8, 128) and prompts.min() > 6 and prompts.max() < 32000
 
 
-def test_both_timers_generate_the_same_greedy_tokens(tiny):
+def test_interleaved_calls_generate_the_same_greedy_tokens(tiny):
     prompts = throughput.random_prompts(tiny.config, batch=2, length=9, seed=3)
-    ours = throughput.time_sampler(tiny.sampler, prompts, max_new_tokens=6, repeats=1)
-    ref = throughput.transformers_generate(tiny.hf, prompts, max_new_tokens=6, repeats=1)
-    assert ours["token_ids"].shape == ref["token_ids"].shape == (2, 6)
-    np.testing.assert_array_equal(ours["token_ids"], ref["token_ids"])
-    assert ours["tokens_per_s"] > 0 and ref["tokens_per_s"] > 0 and ours["compile_s"] >= 0
-    assert np.all(ours["logprobs"] <= 0)
+    timed = throughput.time_interleaved({
+        "ours": throughput.sampler_call(tiny.sampler, prompts, max_new_tokens=6),
+        "torch": throughput.transformers_call(tiny.hf, prompts, max_new_tokens=6),
+    }, repeats=2)
+    tokens, logprobs = timed["ours"]["result"]
+    assert tokens.shape == timed["torch"]["result"].shape == (2, 6)
+    np.testing.assert_array_equal(tokens, timed["torch"]["result"])
+    assert np.all(logprobs <= 0)
+    for entry in timed.values():
+        assert len(entry["times"]) == 2 and entry["seconds"] == np.median(entry["times"]) and entry["first_s"] > 0
+    assert throughput.decode_seconds(tiny.sampler, prompts, max_new_tokens=6, repeats=1) > 0
 
 
 def test_bucket_sizes():
