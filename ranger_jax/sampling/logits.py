@@ -55,6 +55,14 @@ def filter_top_k_top_p(logits: jax.Array, top_k: jax.Array, top_p: jax.Array) ->
     return jnp.where(logits >= threshold, logits, NEG_INF)
 
 
+def first_argmax(x: jax.Array) -> jax.Array:
+    """[B, V] -> [B] int32 index of the first maximum, as `jnp.argmax` (two plain reductions, about 2x faster on
+    CPU than argmax's paired value/index reduction)."""
+    best = jnp.max(x, axis=-1, keepdims=True)
+    index = jnp.arange(x.shape[-1], dtype=jnp.int32)
+    return jnp.minimum(jnp.min(jnp.where(x == best, index, x.shape[-1]), axis=-1), x.shape[-1] - 1)
+
+
 def _row_keys(seeds: jax.Array, counters: jax.Array) -> jax.Array:
     """[B] typed PRNG keys: `fold_in(key(seed), counter)` per row, independent of the rest of the batch."""
     return jax.vmap(lambda s, c: jax.random.fold_in(jax.random.key(s), c))(seeds, counters)
@@ -81,10 +89,8 @@ def choose_tokens(logits: jax.Array, *, suppressed: jax.Array, temperature: jax.
     greedy = temperature <= 0
     scale = jnp.where(greedy, 1.0, temperature)[:, None]
     scaled = logits / scale
-    logprobs_all = jax.nn.log_softmax(scaled, axis=-1)  # [B, V], full vocabulary, before any filtering
-
     allowed = suppress(scaled, suppressed)
-    greedy_tokens = jnp.argmax(allowed, axis=-1).astype(jnp.int32)
+    greedy_tokens = first_argmax(allowed)
 
     def draw(x):
         needs_filter = jnp.any(~greedy & ((top_k > 0) | (top_p < 1.0)))
@@ -94,5 +100,6 @@ def choose_tokens(logits: jax.Array, *, suppressed: jax.Array, temperature: jax.
 
     # the sort of top-k/top-p and the Gumbel draw over V only run when some row needs them
     tokens = jax.lax.cond(jnp.all(greedy), lambda x: greedy_tokens, draw, allowed)
-    logprobs = jnp.take_along_axis(logprobs_all, tokens[:, None], axis=-1)[:, 0]
+    # log_softmax(scaled)[token] over the full vocabulary, before any filtering
+    logprobs = jnp.take_along_axis(scaled, tokens[:, None], axis=-1)[:, 0] - jax.nn.logsumexp(scaled, axis=-1)
     return tokens, logprobs

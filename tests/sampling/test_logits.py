@@ -48,6 +48,7 @@ def test_top_k_top_p_match_numpy_reference():
         np.testing.assert_array_equal(np.isfinite(out[i]), keep, err_msg=f"row {i}: top_k={k}, top_p={p}")
         np.testing.assert_array_equal(out[i][keep], rows[i][keep])
     assert np.isfinite(out[7]).sum() == 3  # top_k=2 keeps every id tied with the second value
+    np.testing.assert_array_equal(np.asarray(jax.jit(logits.first_argmax)(rows)), rows.argmax(-1))  # ties: first
     assert np.isfinite(out[0]).all() and np.isfinite(out[4]).sum() == 1
 
 
