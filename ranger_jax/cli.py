@@ -1,8 +1,10 @@
 """The `ranger` command.
 
 `ranger demo` is the main job on embedded defaults until the GRPO recipe lands: it builds a tiny random Qwen3-VL
-checkpoint, saves it in the Hugging Face layout, loads it back, runs it on text and an image, then builds a small
-offline "wild web" world and scores the scripted Locate–Corroborate–Isolate expert against the naive agent.
+checkpoint, saves it in the Hugging Face layout, loads it back, runs it on text and an image; builds a small
+offline "wild web" world and scores the scripted Locate–Corroborate–Isolate expert against the naive agent; then
+runs rollouts (the expert, whose token-exact trajectories are SFT data, and the tiny random policy through the
+in-process KV-cache sampler), writes them to trajectory shards and renders an HTML viewer of the expert's shard.
 """
 
 from __future__ import annotations
@@ -95,6 +97,42 @@ def demo_world(workdir: Path, *, num_tasks: int = DEMO_TASKS, seed: int = DEMO_S
             "seconds": round(time.perf_counter() - started, 2)}
 
 
+def demo_rollouts(workdir: Path, world_dir: Path, *, num_tasks: int = 3, group_size: int = 2) -> dict:
+    """Expert and tiny-random-policy rollouts on the world → shards (+ an HTML viewer of the expert's)."""
+    import dataclasses
+
+    from ranger_jax import env as env_lib
+    from ranger_jax.data import viewer
+    from ranger_jax.env.sim import world as world_lib
+    from ranger_jax.processing import chat, tokenizer as tokenizer_lib
+    from ranger_jax.rollout import actor, episode, runner, scoring
+
+    tokenizer_dir = actor.default_tokenizer_dir()
+    tokenizer = tokenizer_lib.load_tokenizer(tokenizer_dir)
+    renderer = chat.ChatRenderer(tokenizer)
+    world = world_lib.load_world(world_dir)
+    tasks = world_lib.load_tasks(world_dir)[:num_tasks]
+    checkpoint = actor.write_tiny_checkpoint(workdir / "tiny-policy", tokenizer_dir, seed=DEMO_SEED)
+    results = {}
+    with env_lib.make("offline", world=world_dir) as tool_env:
+        scorer = scoring.make_scorer(tool_env, world=world)
+        for name, max_new_tokens in (("expert", 4096), ("jax", 48)):
+            policy = actor.build_policy(name, actor.PolicyOptions(
+                tokenizer=tokenizer, env=tool_env, world=world, checkpoint=str(checkpoint),
+                num_rows=num_tasks * group_size))
+            config = runner.RolloutConfig(group_size=group_size, concurrency=num_tasks * group_size, seed=DEMO_SEED,
+                                          run_id=f"demo-{name}",
+                                          episode=dataclasses.replace(episode.EpisodeConfig(),
+                                                                      max_new_tokens=max_new_tokens))
+            summary = actor.run_actor(tool_env, policy, tasks, renderer=renderer, out_dir=workdir / "shards",
+                                      prefix=name, config=config, scorer=scorer)
+            results[name] = summary.to_dict()
+    expert_shard = results["expert"]["shards"][0]
+    page = workdir / "expert_trajectories.html"
+    viewer.write_viewer(expert_shard, page)
+    return {"policies": results, "viewer": str(page)}
+
+
 def run_demo(args: argparse.Namespace) -> int:
     workdir = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="ranger-demo-"))
     workdir.mkdir(parents=True, exist_ok=True)
@@ -113,6 +151,14 @@ def run_demo(args: argparse.Namespace) -> int:
         domains = ", ".join(f"{d} {s:.2f}" for d, s in result["search_score_by_domain"].items())
         print(f"[env] {policy:6s} search_score {result['search_score']:.2f}  ({domains})")
     print(f"[env] done in {world['seconds']} s")
+
+    started = time.perf_counter()
+    rollouts = demo_rollouts(workdir, Path(world["world"]), num_tasks=min(args.rollout_tasks, args.tasks))
+    for name, summary in rollouts["policies"].items():
+        print(f"[rollout] {name:6s} {summary['num_trajectories']} trajectories in {summary['num_groups']} GRPO "
+              f"groups, mean reward {summary['reward_mean']:.3f}, terminations {summary['terminations']}, "
+              f"shards {', '.join(summary['shards'])}")
+    print(f"[rollout] viewer: {rollouts['viewer']} ({time.perf_counter() - started:.1f} s)")
     return 0
 
 
@@ -123,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--out", help="working folder (default: a new temporary folder)")
     demo.add_argument("--tasks", type=int, default=DEMO_TASKS, help="tasks in the offline world")
     demo.add_argument("--seed", type=int, default=DEMO_SEED, help="world seed")
+    demo.add_argument("--rollout-tasks", type=int, default=3, help="tasks rolled out (x2 samples) per policy")
     demo.set_defaults(func=run_demo)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
