@@ -312,19 +312,21 @@ class ChatClient:
             bodies.append(attempt)
         return kind, start, bodies
 
-    def _fell_back(self, kind: str, start: int, bodies: list[dict[str, Any]], i: int, err: http.StatusError) -> bool:
+    def _fell_back(self, bodies: list[dict[str, Any]], i: int, err: http.StatusError) -> bool:
         """Whether to try the next, looser response_format after `err` on attempt `i`."""
         if err.status not in FALLBACK_STATUS or i + 1 >= len(bodies):
             return False
         log.debug("%s refused response_format %s (HTTP %d: %s); falling back", self.url,
                   bodies[i].get("response_format", {}).get("type"), err.status, http.error_message(err.body)[:200])
-        self._level[kind] = max(self._level.get(kind, 0), start + i + 1)
         return True
 
-    def _finish(self, key: dict[str, Any], attempt: dict[str, Any], response: httpx.Response) -> ChatResult:
+    def _finish(self, key: dict[str, Any], attempt: dict[str, Any], response: httpx.Response, *, kind: str,
+                rung: int) -> ChatResult:
         fmt = attempt.get("response_format", {}).get("type") if "response_format" in attempt else None
         body = http.json_body(response)
         result = parse_completion(self.url, body, fmt)
+        if rung:  # remembered only once a looser format WORKED: a 400 on every rung says nothing about formats
+            self._level[kind] = max(self._level.get(kind, 0), rung)
         self.cache.put(_compact(key), {"body": body, "response_format": fmt})
         return result
 
@@ -368,10 +370,10 @@ class ChatClient:
             try:
                 response = self.session.request("POST", "chat/completions", json=attempt)
             except http.StatusError as err:
-                if self._fell_back(kind, start, bodies, i, err):
+                if self._fell_back(bodies, i, err):
                     continue
                 raise
-            return self._finish(key, attempt, response)
+            return self._finish(key, attempt, response, kind=kind, rung=start + i)
         raise AssertionError("unreachable: the last attempt returns or raises")
 
     async def acomplete(
@@ -394,10 +396,10 @@ class ChatClient:
             try:
                 response = await self.session.arequest("POST", "chat/completions", json=attempt)
             except http.StatusError as err:
-                if self._fell_back(kind, start, bodies, i, err):
+                if self._fell_back(bodies, i, err):
                     continue
                 raise
-            return self._finish(key, attempt, response)
+            return self._finish(key, attempt, response, kind=kind, rung=start + i)
         raise AssertionError("unreachable: the last attempt returns or raises")
 
     def close(self) -> None:

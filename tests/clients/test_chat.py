@@ -96,9 +96,14 @@ def test_falls_back_to_plain_text_and_lenient_json(server):
 
 def test_a_400_that_is_not_about_the_format_is_raised(server):
     server.handler.reject = {"json_schema", "json_object", None}
+    client = client_for(server)
     with pytest.raises(http.StatusError, match="HTTP 400 .*response_format None is not supported"):
-        client_for(server).complete([{"role": "user", "content": "x"}], response_format=SCHEMA)
+        client.complete([{"role": "user", "content": "x"}], response_format=SCHEMA)
     assert server.calls() == 3
+    # that request failed on every rung, so nothing was learnt: the next one still asks for json_schema first
+    server.handler.reject = set()
+    assert client.complete([{"role": "user", "content": "y"}], response_format=SCHEMA).response_format == "json_schema"
+    assert server.calls() == 4
 
 
 def test_retries_429_and_5xx_then_raises_with_url(server):
