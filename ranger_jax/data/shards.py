@@ -8,6 +8,8 @@ at most a temporary file that `list_shards` (and so every reader given a folder)
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import logging
 import os
 import time
@@ -26,6 +28,10 @@ log = logging.getLogger(__name__)
 SHARD_SUFFIX = ".array_record"
 TEMP_SUFFIX = ".tmp"
 WRITER_OPTIONS = "group_size:1"
+
+
+class CorruptShardError(ValueError):
+    """A shard, or one record in it, cannot be read (the message names the shard and the record index)."""
 
 
 def _fsync(path: Path) -> None:
@@ -185,17 +191,72 @@ def remove_stale_temporaries(folder: str | os.PathLike, *, older_than_s: float =
     return removed
 
 
-def read_shard(path: str | os.PathLike) -> Iterator[Trajectory]:
-    """Yields the trajectories of one shard in order."""
+def _open_reader(path: Path) -> array_record_module.ArrayRecordReader:
+    try:
+        reader = array_record_module.ArrayRecordReader(str(path))
+        if not reader.ok():
+            reader.close()  # a reader that failed to open raises its reason here
+    except RuntimeError as err:  # riegeli: "ArrayRecord file should be at least 64KB big", bad postscript, …
+        raise CorruptShardError(f"shard {path} is not a readable ArrayRecord file: {err}") from err
+    if not reader.ok():
+        raise CorruptShardError(f"shard {path} is not a readable ArrayRecord file")
+    return reader
+
+
+def _close_reader(reader: array_record_module.ArrayRecordReader, path: Path) -> None:
+    try:
+        reader.close()
+    except RuntimeError as err:
+        raise CorruptShardError(f"shard {path} failed on close: {err}") from err
+
+
+def num_records(path: str | os.PathLike) -> int:
+    """Records in one shard.
+
+    Raises:
+        FileNotFoundError: no such shard. CorruptShardError: not a readable ArrayRecord file.
+    """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"shard {path} does not exist")
-    reader = array_record_module.ArrayRecordReader(str(path))
+    reader = _open_reader(path)
+    count = reader.num_records()
+    _close_reader(reader, path)
+    return count
+
+
+def _decode(data: bytes, path: Path, index: int) -> Trajectory:
+    try:
+        return Trajectory.from_bytes(data)
+    except ValueError as err:
+        raise CorruptShardError(f"shard {path} record {index}: {err}") from err
+
+
+def read_shard(path: str | os.PathLike) -> Iterator[Trajectory]:
+    """Yields the trajectories of one shard in order.
+
+    Raises:
+        FileNotFoundError: no such shard.
+        CorruptShardError: the file, or a record in it, cannot be read (naming the shard and record).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"shard {path} does not exist")
+    reader = _open_reader(path)
     try:
         for index in range(reader.num_records()):
-            yield Trajectory.from_bytes(reader.read([index])[0])
-    finally:
-        reader.close()
+            try:
+                data = reader.read([index])[0]
+            except RuntimeError as err:  # riegeli chunk hash mismatch: the bytes on disk were damaged
+                raise CorruptShardError(f"shard {path} record {index} cannot be read: {err}") from err
+            yield _decode(data, path, index)
+    except BaseException:
+        try:
+            reader.close()
+        except RuntimeError:  # already failing: the first error is the one to report
+            pass
+        raise
+    _close_reader(reader, path)
 
 
 class TrajectorySource:
@@ -211,6 +272,8 @@ class TrajectorySource:
 
     Raises:
         FileNotFoundError: no completed shard found (the message names the location).
+        CorruptShardError: a shard that is not a readable ArrayRecord file (reading a damaged record raises it
+            too, naming the shard and the record).
     """
 
     def __init__(self, location: str | os.PathLike | Sequence[str | os.PathLike], *, as_arrays: bool = False):
@@ -218,13 +281,33 @@ class TrajectorySource:
         if not self.paths:
             raise FileNotFoundError(f"no completed {SHARD_SUFFIX} shards in {location}")
         self.as_arrays = as_arrays
+        self._ends = list(itertools.accumulate(num_records(p) for p in self.paths))  # record index ends per shard
         self._source = grain.sources.ArrayRecordDataSource([str(p) for p in self.paths])
 
     def __len__(self) -> int:
         return len(self._source)
 
+    def locate(self, index: int) -> tuple[Path, int]:
+        """(shard, index within it) of global record `index`.
+
+        Raises:
+            IndexError: `index` outside [-len, len).
+        """
+        total = len(self)
+        if not -total <= index < total:
+            raise IndexError(f"record {index} out of range for {total} records in {len(self.paths)} shards")
+        index %= total
+        shard = bisect.bisect_right(self._ends, index)
+        return self.paths[shard], index - (self._ends[shard - 1] if shard else 0)
+
     def __getitem__(self, index: int) -> Any:
-        trajectory = Trajectory.from_bytes(self._source[index])
+        index = int(index)
+        path, local = self.locate(index)
+        try:
+            data = self._source[index % len(self)]
+        except RuntimeError as err:  # riegeli chunk hash mismatch
+            raise CorruptShardError(f"shard {path} record {local} cannot be read: {err}") from err
+        trajectory = _decode(data, path, local)
         return trajectory.to_arrays() if self.as_arrays else trajectory
 
     def __repr__(self) -> str:

@@ -79,9 +79,13 @@ class TrajectoryImage:
         if int(self.token_index) < 0:
             raise ValueError(f"image {label}: token_index must be >= 0, got {self.token_index}")
         object.__setattr__(self, "token_index", int(self.token_index))
-        with Image.open(io.BytesIO(self.png)) as header:  # reads the header only
-            if header.mode != "RGB":
-                raise ValueError(f"image {label}: PNG mode is {header.mode}, expected RGB")
+        try:
+            with Image.open(io.BytesIO(self.png)) as header:  # reads the header only
+                mode = header.mode
+        except (OSError, SyntaxError) as err:  # PIL's "cannot identify image file", truncated headers
+            raise ValueError(f"image {label}: png is not a readable PNG: {err}") from err
+        if mode != "RGB":
+            raise ValueError(f"image {label}: PNG mode is {mode}, expected RGB")
 
     def num_tokens(self, merge_size: int = MERGE_SIZE) -> int:
         """Placeholder tokens of this image: t·h·w / merge_size²."""
@@ -198,7 +202,7 @@ class Trajectory:
             if start + count > len(self.token_ids) or found != count:
                 raise ValueError(f"{label} expects {count} image_pad tokens (grid_thw={list(image.grid_thw)}, "
                                  f"merge_size={self.merge_size}) at token {start}, found {found} there")
-            if start > 0 and is_pad[start - 1]:
+            if start > end and is_pad[start - 1]:  # (a pad at start - 1 == end is the previous image's last)
                 raise ValueError(f"{label}: token {start - 1} before its run is also image_pad "
                                  f"(token_index {start} is not the run's first placeholder)")
             end = start + count

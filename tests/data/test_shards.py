@@ -9,6 +9,7 @@ from pathlib import Path
 import grain
 import numpy as np
 import pytest
+from array_record.python import array_record_module
 
 from ranger_jax.data import shards
 
@@ -124,3 +125,46 @@ def test_grain_source_shuffles_maps_and_pickles(tmp_path, make_trajectory):
     assert all(r == 0.25 * (int(t.split("-")[1]) % 4) for t, r in seen)
     first = arrays[0]
     np.testing.assert_array_equal(first["token_ids"], make_trajectory(0).token_ids)
+
+
+def test_empty_and_many_record_shards_through_grain(tmp_path, make_trajectory):
+    empty = shards.write_shard(tmp_path / "a-empty.array_record", [])
+    assert list(shards.read_shard(empty)) == [] and shards.num_records(empty) == 0
+    items = [make_trajectory(i % 5, num_images=i % 3) for i in range(257)]
+    shards.write_shard(tmp_path / "b-many.array_record", items)
+    source = shards.TrajectorySource(tmp_path)  # the empty shard is listed first and holds no index
+    assert len(source) == 257 and source.locate(0) == (tmp_path / "b-many.array_record", 0)
+    assert source[256] == items[256] and source[-1] == items[256] and source[130] == items[130]
+    with pytest.raises(IndexError, match="record 257 out of range for 257 records in 2 shards"):
+        source[257]
+    batches = grain.MapDataset.source(source).shuffle(seed=3).batch(16, batch_fn=lambda ts: [t.num_tokens for t in ts])
+    assert sum(len(b) for b in batches) == 257 and len(batches) == 17
+
+
+def test_damaged_shards_name_the_shard_and_record(tmp_path, make_trajectory):
+    good = shards.write_shard(tmp_path / "good.array_record", [make_trajectory(i, num_images=3) for i in range(40)])
+    data = bytearray(good.read_bytes())
+    data[len(data) // 5] ^= 0xFF  # one flipped byte inside a record chunk (riegeli's chunk hash catches it)
+    flipped = tmp_path / "flipped.array_record"
+    flipped.write_bytes(bytes(data))
+    with pytest.raises(shards.CorruptShardError, match=r"shard .*flipped.array_record record \d+ cannot be read: "
+                                                       r"Corrupted Riegeli"):
+        list(shards.read_shard(flipped))
+    source = shards.TrajectorySource([flipped])
+    with pytest.raises(shards.CorruptShardError, match=r"flipped.array_record record \d+ cannot be read"):
+        [source[i] for i in range(len(source))]
+    truncated = tmp_path / "truncated.array_record"
+    truncated.write_bytes(good.read_bytes()[: len(data) // 2])
+    garbage = tmp_path / "garbage.array_record"
+    garbage.write_bytes(b"not an array record")
+    for bad in (truncated, garbage):
+        with pytest.raises(shards.CorruptShardError, match=rf"shard .*{bad.name} is not a readable ArrayRecord file"):
+            next(shards.read_shard(bad))
+        with pytest.raises(shards.CorruptShardError, match=bad.name):
+            shards.TrajectorySource([good, bad])
+    # a record that is intact on disk but not a trajectory
+    foreign = array_record_module.ArrayRecordWriter(str(tmp_path / "foreign.array_record"), "group_size:1")
+    foreign.write(b"XXXXXXXX not a trajectory")
+    foreign.close()
+    with pytest.raises(shards.CorruptShardError, match=r"foreign.array_record record 0: not a trajectory record"):
+        next(shards.read_shard(tmp_path / "foreign.array_record"))

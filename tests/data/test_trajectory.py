@@ -152,3 +152,23 @@ def test_answer_types_roundtrip(make_trajectory):
     answer = core.Answer("", ())
     t = make_trajectory(0, answer=answer, termination=core.ANSWER_PARSE_FAILED)
     assert trajectory.Trajectory.from_bytes(t.to_bytes()).answer == answer
+
+
+def test_adjacent_image_runs_and_unreadable_png(make_trajectory):
+    good = io.BytesIO()
+    Image.new("RGB", (2, 2)).save(good, "PNG")
+    a = trajectory.TrajectoryImage(good.getvalue(), (1, 2, 2), 1, "IMG_001")
+    b = trajectory.TrajectoryImage(good.getvalue(), (1, 4, 2), 2, "IMG_002")  # starts right where IMG_001 ends
+    t = trajectory.Trajectory(task_id="t", group_id="g", sample_index=0, policy_version=0,
+                              token_ids=[7, PAD, PAD, PAD, 8], loss_mask=np.zeros(5, np.int8),
+                              sampler_logprobs=np.zeros(5), images=(a, b))
+    assert [im.token_index for im in trajectory.Trajectory.from_bytes(t.to_bytes()).images] == [1, 2]
+    with pytest.raises(ValueError, match="image 1 .IMG_002. expects 2 image_pad tokens .* at token 3, found 1"):
+        dataclasses.replace(t, images=(a, dataclasses.replace(b, token_index=3)))
+    with pytest.raises(ValueError, match="image IMG_004: png is not a readable PNG"):
+        trajectory.TrajectoryImage(good.getvalue()[:12] + b"\x00" * 20, (1, 2, 2), 0, "IMG_004")
+    record = bytearray(make_trajectory(0).to_bytes())
+    start = record.index(b"\x89PNG", 16)
+    record[start + 12:start + 16] = b"XXXX"  # the first image's IHDR chunk type
+    with pytest.raises(ValueError, match="image IMG_001: png is not a readable PNG"):
+        trajectory.Trajectory.from_bytes(bytes(record))
