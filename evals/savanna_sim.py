@@ -26,7 +26,10 @@ def main() -> None:
                         help='"offline" or an environment file such as envs/savanna_sim.toml')
     parser.add_argument("--limit", type=int, default=None, help="run only the first N tasks")
     args = parser.parse_args()
-    result = savanna.evaluate(args.world, args.policy, env_name=args.env, limit=args.limit, progress=True)
+    try:
+        result = savanna.evaluate(args.world, args.policy, env_name=args.env, limit=args.limit, progress=True)
+    except (ValueError, FileNotFoundError) as err:
+        parser.error(str(err))
     write_atomic(Path(args.json), json.dumps(result, indent=2, ensure_ascii=False).encode("utf-8"))
     print(f"policy {result['policy']}  world {result['world']} (seed {result['seed']})  tasks {result['num_tasks']}")
     print(f"{'search_score':<28}{result['search_score']:.3f}")

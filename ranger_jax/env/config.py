@@ -15,6 +15,7 @@ A wrong or unknown key is an error naming the file, the key and the known keys.
 from __future__ import annotations
 
 import dataclasses
+import os
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -68,10 +69,22 @@ class EnvConfig:
     summarizer_cache_dir: str | None = None
 
     def __post_init__(self):
+        if isinstance(self.tools, str) or not isinstance(self.tools, (list, tuple)):
+            raise ValueError(f"tools must be a list of tool names from {list(tools.TOOL_NAMES)}; got {self.tools!r}")
         object.__setattr__(self, "tools", tuple(self.tools))
         unknown = [t for t in self.tools if t not in tools.TOOL_NAMES]
         if unknown or not self.tools:
             raise ValueError(f"tools {list(self.tools)} must be a non-empty subset of {list(tools.TOOL_NAMES)}")
+        if len(set(self.tools)) != len(self.tools):
+            raise ValueError(f"tools {list(self.tools)} names a tool more than once")
+        if not isinstance(self.final_answer_turn, bool):
+            raise ValueError(f"final_answer_turn must be true or false; got {self.final_answer_turn!r}")
+        for name in ("image_store", "summarizer_url", "summarizer_api_key", "summarizer_cache_dir"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, (str, os.PathLike)):
+                raise ValueError(f"{name} must be a string or None; got {value!r}")
+        if not isinstance(self.summarizer_model, str) or not self.summarizer_model:
+            raise ValueError(f"summarizer_model must be a non-empty string; got {self.summarizer_model!r}")
         for name in ("max_turns", "max_tool_calls", "max_images_per_turn", "max_queries", "max_observation_chars",
                      "max_page_chars", "max_answer_refs", "min_crop_side", "max_image_bytes", "max_image_pixels",
                      "min_image_side", "summarizer_max_tokens", "summarizer_chunk_chars"):
@@ -81,7 +94,8 @@ class EnvConfig:
         if isinstance(self.summarizer_max_retries, bool) or not isinstance(self.summarizer_max_retries, int) \
                 or self.summarizer_max_retries < 0:
             raise ValueError(f"summarizer_max_retries must be an integer >= 0; got {self.summarizer_max_retries!r}")
-        if self.max_response_chars is not None and (not isinstance(self.max_response_chars, int)
+        if self.max_response_chars is not None and (isinstance(self.max_response_chars, bool)
+                                                    or not isinstance(self.max_response_chars, int)
                                                     or self.max_response_chars < 1):
             raise ValueError(f"max_response_chars must be a positive integer or None; got {self.max_response_chars!r}")
 
@@ -89,11 +103,16 @@ class EnvConfig:
 ENV_KEYS = tuple(f.name for f in dataclasses.fields(EnvConfig))
 
 
+REWARD_KINDS = ("sim", "judge")
+_FRACTION_KEYS = ("coverage_min", "share_min", "rival_max")  # in (0, 1], as env.sim.rewards.Criteria checks
+_COUNT_KEYS = {"max_ref_images": 1, "min_references": 0, "max_references": 1}  # key -> smallest value
+
+
 def check_rewards(rewards: dict[str, Any], where: str) -> dict[str, Any]:
-    """Validates reward settings (names and types).
+    """Validates reward settings (names, types and ranges).
 
     Raises:
-        ValueError: naming `where`, the key and the known keys.
+        ValueError: naming `where`, the key and the known keys or the allowed range.
     """
     for key, value in rewards.items():
         if key not in REWARD_KEYS:
@@ -101,6 +120,17 @@ def check_rewards(rewards: dict[str, Any], where: str) -> dict[str, Any]:
         expected = REWARD_KEYS[key]
         if isinstance(value, bool) or not isinstance(value, expected):
             raise ValueError(f"{where}: reward key {key!r} has the wrong type ({type(value).__name__}: {value!r})")
+        if key == "kind" and value not in REWARD_KINDS:
+            raise ValueError(f"{where}: reward kind {value!r} is not one of {list(REWARD_KINDS)}")
+        if key == "text_coef" and not 0.0 <= value <= 1.0:
+            raise ValueError(f"{where}: reward key 'text_coef' must be in [0, 1]; got {value!r}")
+        if key in _FRACTION_KEYS and not 0.0 < value <= 1.0:
+            raise ValueError(f"{where}: reward key {key!r} must be in (0, 1]; got {value!r}")
+        if key in _COUNT_KEYS and value < _COUNT_KEYS[key]:
+            raise ValueError(f"{where}: reward key {key!r} must be >= {_COUNT_KEYS[key]}; got {value!r}")
+    low, high = rewards.get("min_references"), rewards.get("max_references")
+    if isinstance(low, int) and isinstance(high, int) and low > high:
+        raise ValueError(f"{where}: min_references ({low}) > max_references ({high})")
     return dict(rewards)
 
 

@@ -6,7 +6,7 @@ Everything here is immutable: `ToolEnv.step(state, text)` returns new values and
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from PIL import Image
@@ -46,7 +46,8 @@ class ImageRecord:
 
     Attributes:
         img_id: `IMG_001`, `IMG_002`, … stable within an episode.
-        path: file in the content-addressed image store (RGB, verified).
+        path: the image file: in the content-addressed image store (RGB, verified), or the backend's own trusted
+            file (offline-world PNGs whose SHA-256 matches the build; see `images.ImageStore.add`).
         sha256: hex digest of the stored file's bytes.
         width, height: pixel size of the stored image.
         url: where the image was downloaded from (None for crops).
@@ -70,12 +71,50 @@ class ImageRecord:
     root_box: tuple[float, float, float, float] | None = None
 
 
-@dataclasses.dataclass(frozen=True)
 class ObservedImage:
-    """An image delivered to the policy with an observation."""
+    """An image delivered to the policy with an observation.
 
-    img_id: str
-    image: Image.Image
+    Args:
+        img_id: its `IMG_###` id in the episode.
+        image: the RGB pixels, or a loader that returns them; a loader runs on the first access of `image`
+            (the env passes loaders for pixels it has not decoded yet, e.g. trusted offline-world files).
+
+    Attributes:
+        img_id: its `IMG_###` id.
+        image: the RGB pixels (shared with the env's image cache; treat as read-only).
+    """
+
+    __slots__ = ("img_id", "_image", "_load")
+
+    def __init__(self, img_id: str, image: Image.Image | Callable[[], Image.Image]):
+        object.__setattr__(self, "img_id", img_id)
+        is_loader = callable(image) and not isinstance(image, Image.Image)
+        object.__setattr__(self, "_image", None if is_loader else image)
+        object.__setattr__(self, "_load", image if is_loader else None)
+
+    @property
+    def image(self) -> Image.Image:
+        if self._image is None:  # two threads may both decode once; either result is the same pixels
+            object.__setattr__(self, "_image", self._load())
+            object.__setattr__(self, "_load", None)
+        return self._image
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"ObservedImage is immutable; cannot set {name!r}")
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ObservedImage):
+            return NotImplemented
+        return self.img_id == other.img_id and self.image == other.image
+
+    __hash__ = None  # pixels are not hashable
+
+    def __repr__(self) -> str:
+        pixels = "not decoded yet" if self._image is None else f"{self._image.mode} {self._image.size}"
+        return f"ObservedImage({self.img_id!r}, {pixels})"
+
+    def __reduce__(self):
+        return (ObservedImage, (self.img_id, self.image))
 
 
 @dataclasses.dataclass(frozen=True)

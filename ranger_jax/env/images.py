@@ -4,18 +4,24 @@ Downloads are checked before decoding (byte size, header pixel count against a d
 with PIL, converted to RGB and stored under their SHA-256. A crop is cut from the stored pixels of its parent and
 stored losslessly (PNG), so a crop of a crop is the same pixels as one crop of the root; its `root_box` is the
 pixel box in the root download, composed through every level.
+
+Trusted files (`add(..., trusted_file=…)`, only from a backend that generated the image and matched its SHA-256,
+i.e. the offline world) skip the full decode: the header is still checked (format, RGB, size limits), the store
+refers to that file instead of copying it, and `pixels` hands out a loader that decodes on first use.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import hashlib
 import io
 import math
 import os
 import threading
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 from PIL import Image
@@ -146,12 +152,28 @@ class ImageStore:
             raise ImageRejected(f"image from {source} is only {width}x{height} pixels (minimum side {self.min_side})")
         return image, fmt
 
-    def add(self, data: bytes, *, source: str) -> StoredImage:
+    def _trusted(self, data: bytes, sha: str, path: str) -> StoredImage | None:
+        """`path` as a stored image when its header is a single-frame RGB PNG within the limits, else None."""
+        if len(data) > self.max_bytes:
+            return None
+        try:
+            with Image.open(io.BytesIO(data)) as probe:
+                ok = probe.format == "PNG" and probe.mode == "RGB" and getattr(probe, "n_frames", 1) == 1
+                width, height = probe.size
+        except Exception:  # noqa: BLE001 — anything odd goes through the full check instead
+            return None
+        if not ok or width * height > self.max_pixels or min(width, height) < self.min_side:
+            return None
+        return StoredImage(path=path, sha256=sha, width=width, height=height)
+
+    def add(self, data: bytes, *, source: str, trusted_file: str | None = None) -> StoredImage:
         """Stores downloaded bytes as a verified RGB image.
 
         Args:
             data: the encoded image as served.
             source: URL or name used in error messages.
+            trusted_file: a file holding exactly `data` that its backend generated and vouches for
+                (`base.FetchedImage.trusted_file`); if its header passes, it is used in place without decoding.
 
         Raises:
             ImageRejected: too many bytes or pixels, corrupt, not an image, or too small.
@@ -160,6 +182,10 @@ class ImageStore:
         with self._lock:
             if (known := self._by_input.get(input_sha)) is not None:
                 return known
+        if trusted_file is not None and (stored := self._trusted(data, input_sha, trusted_file)) is not None:
+            with self._lock:
+                self._by_input[input_sha] = stored
+            return stored
         image, fmt = self._decode(data, source)
         rgb = _flatten_to_rgb(image)
         if rgb is image and fmt in _KEEP_FORMATS and getattr(image, "n_frames", 1) == 1:
@@ -181,11 +207,23 @@ class ImageStore:
                 if (image := self._decoded.get(sha)) is not None:
                     self._decoded.move_to_end(sha)
                     return image
-        with Image.open(path) as f:
-            image = f.convert("RGB")  # stored files are RGB already; convert also loads and detaches from the file
+        image = Image.open(path)
+        image.load()  # a single-frame file is closed once loaded
+        if image.mode != "RGB":  # stored files are RGB already; convert also detaches from the file
+            with image:
+                image = image.convert("RGB")
         if sha is not None:
             self._remember(sha, image)
         return image
+
+    def pixels(self, stored: StoredImage | str, sha256: str | None = None) -> Image.Image | Callable[[], Image.Image]:
+        """The decoded pixels when the store holds them, else a loader that decodes them (`open`) when called."""
+        path, sha = (stored.path, stored.sha256) if isinstance(stored, StoredImage) else (stored, sha256)
+        if sha is not None:
+            with self._lock:
+                if (image := self._decoded.get(sha)) is not None:
+                    return image
+        return functools.partial(self.open, path, sha)
 
     def crop(self, path: str, sha256: str, box: tuple[int, int, int, int]) -> StoredImage:
         """Cuts pixel box `box` out of a stored image and stores it losslessly."""
@@ -209,7 +247,10 @@ def check_bbox(bbox: object, *, width: int, height: int, min_side: int = DEFAULT
         raise ValueError(f"bbox must be a list of 4 numbers [x0, y0, x1, y1] in 0-1; got {bbox!r}")
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in bbox):
         raise ValueError(f"bbox values must be numbers; got {bbox!r}")
-    values = tuple(float(v) for v in bbox)
+    try:
+        values = tuple(float(v) for v in bbox)
+    except OverflowError:  # an int beyond float range
+        values = (math.inf,)
     if not all(math.isfinite(v) for v in values):
         raise ValueError(f"bbox values must be finite; got {bbox!r}")
     x0, y0, x1, y1 = values

@@ -20,8 +20,10 @@ THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
 RESPONSE_OPEN = "<tool_response>"
+MAX_LENIENT_CHARS = 20_000  # json5 (pure Python, ~0.1 MB/s) is tried only on bodies up to this length
+MAX_IMG_NUMBER_DIGITS = 6  # IMG_999999: longer numbers are not image ids (and int() of huge ones raises)
 _FENCE = re.compile(r"^\s*```[a-zA-Z0-9_-]*\s*\n?(.*?)\n?\s*```\s*$", re.DOTALL)
-_IMG_ID = re.compile(r"^\s*img[_\-\s]?0*(\d+)\s*$", re.IGNORECASE)
+_IMG_ID = re.compile(r"^\s*img[_\-\s]?0*([0-9]{1,%d})\s*$" % MAX_IMG_NUMBER_DIGITS, re.IGNORECASE | re.ASCII)
 
 
 class FormatError(ValueError):
@@ -105,11 +107,18 @@ def parse_json_object(body: str, what: str) -> dict[str, Any]:
     candidate = text[start : end + 1]
     try:
         obj = json.loads(candidate)
-    except ValueError:
+    except RecursionError as err:
+        raise FormatError(f"the {what} nests too deeply to parse; got {candidate[:200]!r}") from err
+    except ValueError as err:
+        if len(candidate) > MAX_LENIENT_CHARS:  # json5 would block the event loop for seconds
+            raise FormatError(f"the {what} is not valid JSON ({err}); it is {len(candidate)} characters long, "
+                              f"so only strict JSON is accepted; got {candidate[:200]!r}") from err
         try:
             obj = json5.loads(candidate)
-        except ValueError as err:
-            raise FormatError(f"the {what} is not valid JSON ({err}); got {candidate[:200]!r}") from err
+        except RecursionError as err5:
+            raise FormatError(f"the {what} nests too deeply to parse; got {candidate[:200]!r}") from err5
+        except ValueError as err5:
+            raise FormatError(f"the {what} is not valid JSON ({err5}); got {candidate[:200]!r}") from err5
     if not isinstance(obj, dict):
         raise FormatError(f"the {what} must be a JSON object; got {type(obj).__name__}")
     return obj
@@ -139,7 +148,7 @@ def parse_tool_call(body: str) -> ToolCall:
 
 
 def normalise_img_id(value: object) -> str | None:
-    """`IMG_###` for an image-id-like value (`img_3`, `IMG_003`, `IMG-3`), else None."""
+    """`IMG_###` for an image-id-like value (`img_3`, `IMG_003`, `IMG-3`; ASCII digits, at most 6), else None."""
     if not isinstance(value, str):
         return None
     m = _IMG_ID.match(value)

@@ -66,6 +66,20 @@ def strip_control_tokens(text: str) -> str:
     return _CONTROL.sub("", text)
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def renderable(text: str) -> str:
+    """`text` fit for the chat renderer: no control tokens (`strip_control_tokens`) and valid UTF-8.
+
+    JSON escapes in a tool call (`"\\ud800"`) can put lone UTF-16 surrogates into arguments that tool output
+    echoes; they cannot be encoded, so surrogate pairs are joined and lone ones become U+FFFD.
+    """
+    if _SURROGATE.search(text):
+        text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return strip_control_tokens(text)
+
+
 def tool_block(schemas: list[dict[str, Any]]) -> str:
     """The Hermes-style `# Tools` block: one JSON schema per line inside `<tools></tools>`."""
     lines = [_TOOLS_HEADER, *(json.dumps(s, ensure_ascii=False) for s in schemas), "</tools>"]

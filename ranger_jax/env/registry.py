@@ -107,4 +107,8 @@ def make(name: str | os.PathLike, **options: Any) -> tool_env.ToolEnv:
                          f"{missing[0]}=...)")
     env_config = config_lib.env_config(env_values, where)
     config_lib.check_rewards(rewards, where)
-    return tool_env.ToolEnv(spec.build(backend_options), env_config, rewards=rewards)
+    try:
+        backend_impl = spec.build(backend_options)
+    except ValueError as err:
+        raise ValueError(f"{where}: {err}") from err
+    return tool_env.ToolEnv(backend_impl, env_config, rewards=rewards)

@@ -153,7 +153,7 @@ class ToolEnv:
     def reset(self, task: core.Task) -> EnvState:
         """The initial state: system prompt and the task prompt as the first user message."""
         messages = ({"role": "system", "content": self.system_prompt(task)},
-                    {"role": "user", "content": prompts.strip_control_tokens(task.prompt)})
+                    {"role": "user", "content": prompts.renderable(task.prompt)})
         return EnvState(task=task, messages=messages, images=core.FrozenDict(), image_keys=core.FrozenDict(),
                         next_image_index=1, today=_today(task, self.backend))
 
@@ -294,7 +294,7 @@ class ToolEnv:
                ) -> tuple[EnvState, core.Observation]:
         """Continues the episode with a user message, entering the final turn when the turns run out."""
         info = dict(info or {})
-        text = prompts.strip_control_tokens(text)  # tool output is web text: it may spell special tokens
+        text = prompts.renderable(text)  # tool output is web text: it may spell special tokens
         if not state.final_turn and state.num_turns >= self.config.max_turns:
             if not self.config.final_answer_turn:
                 return self._end(state, core.MAX_TURNS, f"all {self.config.max_turns} turns used", info=info)
@@ -302,7 +302,9 @@ class ToolEnv:
             text = f"{text}\n\n{prompts.FINAL_STEP}"
         shown = shown[: self.config.max_images_per_turn]
         state = dataclasses.replace(state, messages=state.messages + (_user_message(text, shown),))
-        observed = tuple(core.ObservedImage(img_id, self.image(state.images[img_id])) for img_id in shown)
+        observed = tuple(core.ObservedImage(img_id, self.store.pixels(state.images[img_id].path,
+                                                                      state.images[img_id].sha256))
+                         for img_id in shown)
         info["final_turn"] = state.final_turn
         return state, core.Observation(text=text, images=observed, info=info)
 
@@ -311,8 +313,8 @@ class ToolEnv:
              ) -> tuple[EnvState, core.Observation]:
         state = dataclasses.replace(state, done=True, termination=termination)
         info = {**(info or {}), "reason": reason}
-        return state, core.Observation(text=f"Episode over ({termination}): {reason}.", done=True,
-                                       termination=termination, info=info)
+        text = prompts.renderable(f"Episode over ({termination}): {reason}.")
+        return state, core.Observation(text=text, done=True, termination=termination, info=info)
 
     # ---- lifecycle ---------------------------------------------------------------------------------------
 

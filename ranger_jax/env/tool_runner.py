@@ -149,7 +149,7 @@ class ToolRunner:
     async def _download(self, hit: base.ImageHit) -> images.StoredImage | str:
         try:
             fetched = await self.backend.fetch_image(hit.image_url, page_url=hit.page_url)
-            return self.store.add(fetched.data, source=hit.image_url)
+            return self.store.add(fetched.data, source=hit.image_url, trusted_file=fetched.trusted_file)
         except Exception as err:  # noqa: BLE001
             if not isinstance(err, (base.BackendError, http.ClientError, images.ImageRejected)):
                 log.warning("image download %s failed unexpectedly", hit.image_url, exc_info=err)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import math
 from typing import Any
 
 from ranger_jax.env import parsing
@@ -129,9 +130,11 @@ def _text(tool: str, key: str, value: Any) -> str:
 def _top_k(tool: str, value: Any, default: int, maximum: int) -> int:
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
+    if isinstance(value, float) and math.isfinite(value) and value == int(value):
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
         raise ArgumentError(f"{tool}: 'top_k' must be a whole number; got {value!r}")
-    return min(max(int(value), 1), maximum)
+    return min(max(value, 1), maximum)
 
 
 def _tbs(tool: str, args: dict[str, Any], today: dt.date) -> str | None:

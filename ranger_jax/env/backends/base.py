@@ -51,10 +51,24 @@ class Page:
 
 @dataclasses.dataclass(frozen=True)
 class FetchedImage:
+    """Image bytes a backend fetched.
+
+    Attributes:
+        url: where they came from.
+        data: the encoded image bytes as served.
+        content_type: the served media type, when known.
+        page_url: the page that holds the image, when known.
+        trusted_file: set only by a backend that generated the image itself (the offline world): a local file
+            holding exactly `data`, an RGB PNG whose SHA-256 matched the backend's record of what it built. The
+            image store then checks only the header and refers to that file, decoding pixels when first needed.
+            Downloads from the web never set it.
+    """
+
     url: str
-    data: bytes  # encoded image bytes as served
+    data: bytes
     content_type: str | None = None
     page_url: str | None = None
+    trusted_file: str | None = None
 
 
 @runtime_checkable
@@ -73,14 +87,14 @@ class Backend(Protocol):
 
 
 _QDR_DAYS = {"h": 1 / 24, "d": 1, "w": 7, "m": 31, "y": 366}
-_CDR = re.compile(r"^cdr:1,cd_min:(\d{1,2})/(\d{1,2})/(\d{4}),cd_max:(\d{1,2})/(\d{1,2})/(\d{4})$")
-_QDR = re.compile(r"^qdr:([hdwmy])(\d*)$")
+_CDR = re.compile(r"^cdr:1,cd_min:(\d{1,2})/(\d{1,2})/(\d{4}),cd_max:(\d{1,2})/(\d{1,2})/(\d{4})$", re.ASCII)
+_QDR = re.compile(r"^qdr:([hdwmy])([0-9]{0,4})$", re.ASCII)  # at most qdr:y9999
 
 
 def parse_tbs(tbs: str, today: dt.date) -> tuple[dt.date, dt.date]:
     """Inclusive (start, end) dates of a Serper/Google `tbs` filter relative to `today`.
 
-    Accepts `qdr:h|d|w|m|y` with an optional count (`qdr:m6`) and
+    Accepts `qdr:h|d|w|m|y` with an optional count of up to 4 digits (`qdr:m6`) and
     `cdr:1,cd_min:MM/DD/YYYY,cd_max:MM/DD/YYYY` (US date order, as Google expects).
 
     Raises:
@@ -90,13 +104,19 @@ def parse_tbs(tbs: str, today: dt.date) -> tuple[dt.date, dt.date]:
     if m := _QDR.match(text):
         unit, count = m.group(1), int(m.group(2) or 1)
         days = max(1, int(round(_QDR_DAYS[unit] * count)))
-        return today - dt.timedelta(days=days), today
+        try:
+            return today - dt.timedelta(days=days), today
+        except OverflowError:  # reaches before year 1: everything up to today
+            return dt.date.min, today
     if m := _CDR.match(text):
         mm0, dd0, yy0, mm1, dd1, yy1 = (int(g) for g in m.groups())
         try:
-            return dt.date(yy0, mm0, dd0), dt.date(yy1, mm1, dd1)
+            start, end = dt.date(yy0, mm0, dd0), dt.date(yy1, mm1, dd1)
         except ValueError as err:
             raise ValueError(f"tbs {tbs!r} has an impossible date: {err}") from err
+        if start > end:
+            raise ValueError(f"tbs {tbs!r} starts ({start}) after it ends ({end}); cd_min must not be after cd_max")
+        return start, end
     raise ValueError(
         f"tbs {tbs!r} is not a date filter; use 'qdr:d|w|m|y' or 'cdr:1,cd_min:MM/DD/YYYY,cd_max:MM/DD/YYYY'"
     )

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
+import os
 from pathlib import Path
+from typing import Any
 
 from ranger_jax.clients import http
 from ranger_jax.env.backends import base, serper, urlguard, web
@@ -13,6 +16,33 @@ LIVE_OPTIONS = (
     "fetch_timeout_s", "fetch_max_retries", "max_page_bytes", "max_image_bytes", "min_image_bytes", "max_redirects",
     "user_agent", "jina_base_url", "jina_api_key", "allow_hosts",
 )
+
+
+_STRINGS = ("serper_base_url", "user_agent")
+_OPTIONAL_STRINGS = ("serper_api_key", "gl", "hl", "jina_base_url", "jina_api_key")
+_SECONDS = ("timeout_s", "fetch_timeout_s")
+_COUNTS = {"max_concurrency": 1, "max_retries": 0, "fetch_max_retries": 0, "max_page_bytes": 1, "max_image_bytes": 1,
+           "min_image_bytes": 0, "max_redirects": 0}  # option -> smallest value
+
+
+def check_options(options: dict[str, Any]) -> None:
+    """Checks the types and ranges of LiveBackend options.
+
+    Raises:
+        ValueError: naming the option, the value and what it must be.
+    """
+    for name, value in options.items():
+        if name in _STRINGS and (not isinstance(value, str) or not value.strip()):
+            raise ValueError(f"live backend option {name!r} must be a non-empty string; got {value!r}")
+        if name in _OPTIONAL_STRINGS and value is not None and not isinstance(value, str):
+            raise ValueError(f"live backend option {name!r} must be a string or None; got {value!r}")
+        if name == "cache_dir" and value is not None and not isinstance(value, (str, os.PathLike)):
+            raise ValueError(f"live backend option 'cache_dir' must be a path or None; got {value!r}")
+        if name in _SECONDS and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                 or not math.isfinite(value) or value <= 0):
+            raise ValueError(f"live backend option {name!r} must be a positive number of seconds; got {value!r}")
+        if name in _COUNTS and (isinstance(value, bool) or not isinstance(value, int) or value < _COUNTS[name]):
+            raise ValueError(f"live backend option {name!r} must be an integer >= {_COUNTS[name]}; got {value!r}")
 
 
 class LiveBackend:
@@ -33,7 +63,10 @@ class LiveBackend:
         user_agent: User-Agent of page and image requests.
         jina_base_url: read pages through a Jina reader at this root (e.g. `https://r.jina.ai`).
         jina_api_key: Bearer key for the Jina reader.
-        allow_hosts: `host:port` entries exempt from the URL guard (tests only).
+        allow_hosts: `host:port` entries exempt from the URL guard (tests only); a single string is one entry.
+
+    Raises:
+        ValueError: an option of the wrong type or out of range, naming it.
     """
 
     def __init__(
@@ -56,8 +89,14 @@ class LiveBackend:
         user_agent: str = web.DEFAULT_USER_AGENT,
         jina_base_url: str | None = None,
         jina_api_key: str | None = None,
-        allow_hosts: tuple[str, ...] | list[str] = (),
+        allow_hosts: tuple[str, ...] | list[str] | str = (),
     ):
+        check_options({k: v for k, v in locals().items() if k in LIVE_OPTIONS})
+        if isinstance(allow_hosts, str):
+            allow_hosts = (allow_hosts,)
+        if not isinstance(allow_hosts, (list, tuple)):
+            raise ValueError(f"live backend option 'allow_hosts' must be a list of 'host:port' strings; "
+                             f"got {allow_hosts!r}")
         self.guard = urlguard.UrlGuard(tuple(allow_hosts))
         self.search = serper.SerperClient(
             serper_api_key, base_url=serper_base_url, cache_dir=cache_dir, max_concurrency=max_concurrency,

@@ -10,6 +10,7 @@ fetched by the world's URLs. Everything is deterministic: ties break by document
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -55,6 +56,7 @@ class OfflineBackend:
             ValueError: when the index does not cover exactly the world's pages and images.
         """
         self.root = Path(world_dir)
+        self._root_abs = self.root.resolve()
         self.world = world.load_world(self.root)
         self.today: dt.date = self.world.today
         index_path = self.root / world.INDEX_FILE
@@ -151,7 +153,7 @@ class OfflineBackend:
         return Page(url=page.url, title=page.title, text=page.text, date=page.date)
 
     async def fetch_image(self, url: str, *, page_url: str | None = None) -> FetchedImage:
-        """The PNG bytes behind an image URL.
+        """The PNG bytes behind an image URL; `trusted_file` is set when they hash to the SHA-256 recorded at build.
 
         Raises:
             BackendError: naming the URL when the world has no such image or its file is missing.
@@ -160,11 +162,15 @@ class OfflineBackend:
         if key is None:
             raise BackendError(f"no image at {url!r} in the offline world (404)")
         image = self.world.images[key]
+        path = self._root_abs / image.file
         try:
-            data = (self.root / image.file).read_bytes()
+            data = path.read_bytes()
         except FileNotFoundError as err:
-            raise BackendError(f"image {url!r} is missing its file {self.root / image.file}") from err
-        return FetchedImage(url=image.url, data=data, content_type="image/png", page_url=page_url or image.page_url)
+            raise BackendError(f"image {url!r} is missing its file {path}") from err
+        # a file that is still exactly what the builder wrote needs no decoding to be trusted
+        trusted = image.sha256 is not None and hashlib.sha256(data).hexdigest() == image.sha256
+        return FetchedImage(url=image.url, data=data, content_type="image/png", page_url=page_url or image.page_url,
+                            trusted_file=str(path) if trusted else None)
 
     async def aclose(self) -> None:
         """Nothing to release: the backend holds no sockets or open files."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 import logging
+import math
 import os
 import re
 from pathlib import Path
@@ -36,7 +37,14 @@ def clean(text: Any) -> str:
 
 
 def _int(value: Any) -> int | None:
-    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return int(value)
+
+
+def _str(value: Any) -> str | None:
+    """A non-empty string field of a result row, else None (rows come from the network: any JSON can appear)."""
+    return value.strip() if isinstance(value, str) and value.strip() else None
 
 
 class SerperClient:
@@ -105,25 +113,27 @@ class SerperClient:
             BackendError: rate limit, HTTP or transport failure, or an error body.
         """
         rows = await self._post("search", query, min(max(num, 1), MAX_NUM), tbs)
-        return [base.TextHit(title=clean(r.get("title")), url=str(r.get("link", "")), snippet=clean(r.get("snippet")),
-                             date=r.get("date"), position=_int(r.get("position")) or i + 1)
-                for i, r in enumerate(rows) if isinstance(r, dict) and r.get("link")]
+        return [base.TextHit(title=clean(r.get("title")), url=_str(r.get("link")), snippet=clean(r.get("snippet")),
+                             date=_str(r.get("date")), position=_int(r.get("position")) or i + 1)
+                for i, r in enumerate(rows) if isinstance(r, dict) and _str(r.get("link"))]
 
     async def news(self, query: str, *, num: int = 10, tbs: str | None = None) -> list[base.TextHit]:
         """News results; `date` is Serper's relative text ("3 days ago")."""
         rows = await self._post("news", query, min(max(num, 1), MAX_NUM), tbs)
-        return [base.TextHit(title=clean(r.get("title")), url=str(r.get("link", "")),
-                             snippet=clean(r.get("snippet")) + (f" — {clean(r['source'])}" if r.get("source") else ""),
-                             date=r.get("date"), position=_int(r.get("position")) or i + 1)
-                for i, r in enumerate(rows) if isinstance(r, dict) and r.get("link")]
+        return [base.TextHit(title=clean(r.get("title")), url=_str(r.get("link")),
+                             snippet=clean(r.get("snippet")) + (f" — {clean(r['source'])}" if _str(r.get("source"))
+                                                                else ""),
+                             date=_str(r.get("date")), position=_int(r.get("position")) or i + 1)
+                for i, r in enumerate(rows) if isinstance(r, dict) and _str(r.get("link"))]
 
     async def images(self, query: str, *, num: int = 10, tbs: str | None = None) -> list[base.ImageHit]:
         """Image results (`images`): image URL, holding page, size."""
         rows = await self._post("images", query, min(max(num, 1), MAX_NUM), tbs)
-        return [base.ImageHit(title=clean(r.get("title")), image_url=str(r["imageUrl"]), page_url=r.get("link"),
-                              source=r.get("source") or r.get("domain"), width=_int(r.get("imageWidth")),
+        return [base.ImageHit(title=clean(r.get("title")), image_url=_str(r.get("imageUrl")),
+                              page_url=_str(r.get("link")),
+                              source=_str(r.get("source")) or _str(r.get("domain")), width=_int(r.get("imageWidth")),
                               height=_int(r.get("imageHeight")), position=_int(r.get("position")) or i + 1)
-                for i, r in enumerate(rows) if isinstance(r, dict) and r.get("imageUrl")]
+                for i, r in enumerate(rows) if isinstance(r, dict) and _str(r.get("imageUrl"))]
 
     async def aclose(self) -> None:
         await self.session.aclose()

@@ -92,8 +92,12 @@ class _CappedStream(httpx.AsyncByteStream):
 
 
 def pinned_request(request: httpx.Request, target: urlguard.Target) -> httpx.Request:
-    """`request` sent to the checked address, keeping the Host header and TLS server name of the original host."""
-    if target.address is None or target.address == target.host:
+    """`request` sent to the checked address, keeping the Host header and TLS server name of the original host.
+
+    The URL is rewritten whenever httpx's own reading of the host differs from the checked address, so a URL that
+    two parsers read differently still connects only where the guard looked.
+    """
+    if target.address is None or request.url.host == target.address:
         return request
     headers = httpx.Headers(request.headers)
     headers["Host"] = request.url.netloc.decode("ascii")

@@ -51,12 +51,16 @@ class Target:
 
 
 def normalise_host(host: str) -> str:
-    """Lower case, brackets and IPv6 zone removed, trailing dots stripped."""
+    """Lower case, brackets and IPv6 zone (`%eth0`) removed, trailing dots stripped."""
     host = host.strip().lower()
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
-    host = host.split("%", 1)[0]
+    if ":" in host.split("%", 1)[0]:  # a zone id only follows an IPv6 address; elsewhere "%" stays (and is refused)
+        host = host.split("%", 1)[0]
     return host.rstrip(".")
+
+
+_BAD_HOST_CHARS = frozenset("%\\ \t\r\n/@?#")
 
 
 def parse_ip(host: str) -> IPAddress | None:
@@ -154,6 +158,8 @@ class UrlGuard:
         host = normalise_host(parts.hostname or "")
         if not host:
             raise UrlRefused(url, "no host")
+        if bad := sorted(_BAD_HOST_CHARS & set(host)):
+            raise UrlRefused(url, f"host {host!r} contains characters a host name cannot have ({''.join(bad)!r})")
         port = port if port is not None else _DEFAULT_PORTS[scheme]
         if self.is_allowed(host, port):
             return Target(url, scheme, host, port, None), None

@@ -203,7 +203,8 @@ class WebFetcher:
         headers = {"User-Agent": self.user_agent, "Accept-Encoding": "gzip, deflate",
                    "Accept": "text/html,application/xhtml+xml,text/plain;q=0.9,*/*;q=0.5"}
         response = await self._get(url, headers, self.max_page_bytes, True)
-        page = self._page_from(response, url)
+        # extraction of a multi-megabyte page takes seconds of CPU: off the event loop the other episodes share
+        page = await asyncio.to_thread(self._page_from, response, url)
         if response.extensions[transport.BODY_INFO].truncated:
             page = dataclasses.replace(page, text=page.text + f"\n\n[page cut at {self.max_page_bytes} bytes]")
         return page

@@ -227,8 +227,11 @@ class ExpertAgent:
             if todo and len(fetched) < MAX_FETCHES:
                 words = set(bm25.tokenize(subject))
 
+                def is_launch(text: str) -> bool:  # a cue that is part of the name ("Official" ball) is no cue
+                    return any(m.group(0).lower() not in words for m in _LAUNCH.finditer(text))
+
                 def priority(hit: dict[str, str]) -> tuple:
-                    launch = bool(_LAUNCH.search(hit["title"]) or _LAUNCH.search(hit["snippet"]))
+                    launch = is_launch(hit["title"]) or is_launch(hit["snippet"])
                     overlap = len(words & set(bm25.tokenize(hit["title"])))
                     return (overlap, launch, hit["date"] if recent else "")
 

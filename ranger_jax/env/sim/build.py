@@ -17,7 +17,8 @@ world; same seed → byte-identical files):
     DIR/entities.jsonl  one `world.Entity` per line
     DIR/pages.jsonl     {"url", "title", "date", "text", "links", "image_urls"}
     DIR/images.jsonl    {"id", "url", "file", "width", "height", "title", "alt", "page_url", "date",
-                         "objects": [{"entity_id", "box": [x0, y0, x1, y1]}]}   (per-image annotations)
+                         "objects": [{"entity_id", "box": [x0, y0, x1, y1]}],   (per-image annotations)
+                         "sha256"}   (of the PNG file: the offline backend vouches for files that match it)
     DIR/images/<id>.png the rendered images
     DIR/tasks.jsonl     {"id", "prompt", "target_id", "target_name", "image_url", "image_file", "bbox",
                          "key_attributes", "sibling_ids", "sibling_only_attributes", "domain", "subcategory",
@@ -321,6 +322,7 @@ def build_world(out: str | Path, num_tasks: int, seed: int, *, progress: bool = 
             "id": im.id, "url": im.url, "file": f"{world.IMAGES_DIR}/{im.id}.png", "width": im.size[0],
             "height": im.size[1], "title": title, "alt": alt, "page_url": im.page.url, "date": im.page.date,
             "objects": [{"entity_id": e.id, "box": list(b)} for e, b in zip(im.items, im.boxes)],
+            "sha256": hashlib.sha256(buffer.getvalue()).hexdigest(),
         })
     captions = {row["id"]: row for row in rows_images}
 
@@ -388,7 +390,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tasks", type=int, default=40, help="number of tasks (one family each)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    out = build_world(args.out, args.tasks, args.seed, progress=True)
+    try:
+        out = build_world(args.out, args.tasks, args.seed, progress=True)
+    except (ValueError, FileExistsError) as err:
+        parser.error(str(err))
     meta = world.read_meta(out)
     print(f"{out}: today {meta['today']}, {meta['num_tasks']} tasks, {meta['num_entities']} entities, "
           f"{meta['num_pages']} pages, {meta['num_images']} images")

@@ -99,8 +99,10 @@ def evaluate(world_dir: str | Path, policy: str, *, env_name: str = "offline", l
         **env_options: passed to `env.make` (e.g. `max_turns=5`).
 
     Raises:
-        ValueError: an unknown policy.
+        ValueError: an unknown policy, or a `limit` below 1.
     """
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise ValueError(f"limit must be a positive number of tasks or None; got {limit!r}")
     the_world = world.load_world(world_dir)
     tasks = world.load_tasks(world_dir)[:limit]
     agent = make_policy(policy, the_world)

@@ -105,6 +105,7 @@ class WorldImage:
     page_url: str
     date: str
     objects: tuple[Placement, ...]
+    sha256: str | None = None  # of the PNG file as built (None in worlds built before it was recorded)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,6 +223,7 @@ def load_world(root: str | Path) -> World:
             width=int(_field(row, "width", where)), height=int(_field(row, "height", where)),
             title=_field(row, "title", where), alt=_field(row, "alt", where),
             page_url=_field(row, "page_url", where), date=_field(row, "date", where), objects=tuple(objects),
+            sha256=row.get("sha256"),
         )
         images[image.url] = image
     return World(
