@@ -89,6 +89,8 @@ def test_check_bbox_accepts_and_returns_pixels():
     ([0.5, 0.1, 0.2, 0.6], "inverted"),
     ([0.3, 0.3, 0.3, 0.6], "inverted"),
     ([0.1, 0.1, 0.12, 0.9], "at least 8x8"),
+    ([0, 0, 10 ** 400, 1], "finite"),
+    ([0, 0, float("inf"), 1], "finite"),
 ])
 def test_check_bbox_errors(bbox, match):
     with pytest.raises(ValueError, match=match):
@@ -108,3 +110,43 @@ def test_crop_of_crop_equals_direct_crop_and_composes_root_box(store):
     direct = np.asarray(store.open(root).crop(tuple(int(v) for v in root_box2)))
     with Image.open(second.path) as f:
         assert np.array_equal(np.asarray(f.convert("RGB")), direct)
+
+
+def test_trusted_files_are_header_checked_and_used_in_place(store, tmp_path):
+    data = png_bytes(40, 30, seed=5)
+    source = tmp_path / "world.png"
+    source.write_bytes(data)
+    stored = store.add(data, source="world", trusted_file=str(source))
+    assert stored.path == str(source) and stored.sha256 == hashlib.sha256(data).hexdigest()
+    assert (stored.width, stored.height) == (40, 30)
+    assert not list((tmp_path / "store").rglob("*.png"))  # nothing copied, nothing decoded
+    loader = store.pixels(stored)
+    assert callable(loader)
+    assert np.array_equal(np.asarray(loader()), np.asarray(Image.open(io.BytesIO(data)).convert("RGB")))
+    assert isinstance(store.pixels(stored), Image.Image)  # decoded once, then cached
+    assert store.add(data, source="again", trusted_file=str(source)) == stored
+
+
+@pytest.mark.parametrize("data, kept", [
+    (png_bytes(12, 12, seed=3, mode="L"), False),  # not RGB: converted and stored as usual
+    (png_bytes(2, 40), None),  # too small: rejected as usual
+    (_png_header_only(2_000, 2_000), None),  # over the pixel limit: rejected as usual
+    (b"<html>not an image</html>", None),
+])
+def test_trusted_files_that_fail_the_header_check_take_the_full_path(store, tmp_path, data, kept):
+    source = tmp_path / "claimed.png"
+    source.write_bytes(data)
+    if kept is None:
+        with pytest.raises(images.ImageRejected):
+            store.add(data, source="claimed", trusted_file=str(source))
+        return
+    stored = store.add(data, source="claimed", trusted_file=str(source))
+    assert stored.path != str(source) and stored.path.startswith(str(tmp_path / "store"))
+
+
+def test_open_returns_rgb_without_holding_the_file(store, tmp_path):
+    path = tmp_path / "gray.png"
+    Image.new("L", (9, 7), 100).save(path)
+    image = store.open(str(path))
+    assert image.mode == "RGB" and image.size == (9, 7) and image.getpixel((0, 0)) == (100, 100, 100)
+    assert getattr(image, "fp", None) is None

@@ -94,3 +94,46 @@ def test_every_option_name_has_one_home():
     env_keys, reward_keys = set(config_lib.ENV_KEYS), set(config_lib.REWARD_KEYS)
     assert not env_keys & reward_keys
     assert set(live.LIVE_OPTIONS) & (env_keys | reward_keys) == {"max_image_bytes"}  # shared on purpose
+
+
+@pytest.mark.parametrize("options, match", [
+    ({"tools": "text_search"}, "tools must be a list of tool names"),
+    ({"tools": ["text_search", "text_search"]}, "names a tool more than once"),
+    ({"final_answer_turn": "no"}, "final_answer_turn must be true or false"),
+    ({"image_store": 5}, "image_store must be a string or None; got 5"),
+    ({"summarizer_url": 7}, "summarizer_url must be a string or None"),
+    ({"summarizer_model": ""}, "summarizer_model must be a non-empty string"),
+    ({"max_response_chars": True}, "max_response_chars must be a positive integer or None"),
+    ({"kind": "vibes"}, r"reward kind 'vibes' is not one of \['sim', 'judge'\]"),
+    ({"text_coef": 1.5}, r"'text_coef' must be in \[0, 1\]; got 1.5"),
+    ({"coverage_min": 0}, r"'coverage_min' must be in \(0, 1\]; got 0"),
+    ({"rival_max": 2.0}, r"'rival_max' must be in \(0, 1\]"),
+    ({"max_ref_images": 0}, "'max_ref_images' must be >= 1"),
+    ({"min_references": 3, "max_references": 2}, r"min_references \(3\) > max_references \(2\)"),
+    ({"fetch_timeout_s": "x"}, "'fetch_timeout_s' must be a positive number of seconds"),
+    ({"timeout_s": float("nan")}, "'timeout_s' must be a positive number of seconds"),
+    ({"max_page_bytes": 0}, "'max_page_bytes' must be an integer >= 1"),
+    ({"max_redirects": -1}, "'max_redirects' must be an integer >= 0"),
+    ({"gl": 5}, "'gl' must be a string or None"),
+    ({"serper_base_url": ""}, "'serper_base_url' must be a non-empty string"),
+    ({"cache_dir": 3}, "'cache_dir' must be a path or None"),
+    ({"allow_hosts": 5}, "'allow_hosts' must be a list"),
+])
+def test_option_values_are_checked_at_make(options, match):
+    with pytest.raises(ValueError, match=match) as info:
+        env.make("live", **options)
+    assert str(info.value).startswith("env 'live': ")
+
+
+def test_option_values_in_a_file_name_the_file(tmp_path):
+    path = write(tmp_path, 'backend = "live"\n[backend_options]\nfetch_timeout_s = -1\n')
+    with pytest.raises(ValueError, match=r"e\.toml: live backend option 'fetch_timeout_s'"):
+        env.make(path)
+    path = write(tmp_path, 'backend = "live"\n[rewards]\nshare_min = 1.2\n', name="r.toml")
+    with pytest.raises(ValueError, match=r"r\.toml: reward key 'share_min' must be in \(0, 1\]"):
+        env.make(path)
+
+
+def test_a_single_allowed_host_string_is_one_entry():
+    with env.make("live", allow_hosts="127.0.0.1:8080") as tool_env:
+        assert tool_env.backend.guard.allow_hosts == frozenset({("127.0.0.1", 8080)})

@@ -3,6 +3,7 @@ import datetime as dt
 import pytest
 
 from ranger_jax.env import parsing, tools
+from ranger_jax.env.backends import base
 
 TODAY = dt.date(2025, 12, 1)
 
@@ -48,6 +49,13 @@ def test_date_filters():
     ("text_search", {"queries": ["a"], "tbs": "2025-01-01"}, "not a date filter"),
     ("text_search", {"queries": ["a"], "tbs": "qdr:w", "time_range": "day"}, "either"),
     ("text_search", {"queries": ["a"], "news": "yes"}, "true or false"),
+    ("text_search", {"queries": ["a"], "top_k": float("nan")}, "whole number"),
+    ("text_search", {"queries": ["a"], "top_k": float("inf")}, "whole number"),
+    ("text_search", {"queries": ["a"], "top_k": 2.5}, "whole number"),
+    ("text_search", {"queries": ["a"], "tbs": "qdr:d99999999999"}, "not a date filter"),
+    ("text_search", {"queries": ["a"], "tbs": "cdr:1,cd_min:12/01/2025,cd_max:11/01/2025"}, "after it ends"),
+    ("text_search", {"queries": ["a"], "tbs": "cdr:1,cd_min:02/30/2025,cd_max:03/01/2025"}, "impossible date"),
+    ("crop_image", {"img_id": "IMG_" + "1" * 5000, "bbox": [0, 0, 1, 1]}, "IMG_003"),
     ("image_search", {"query": ["a", "b"]}, "one query"),
     ("image_search", {"top_k": 3}, "needs 'query'"),
     ("web_fetch", {"prompt": "x"}, "needs 'url'"),
@@ -60,6 +68,13 @@ def test_date_filters():
 def test_argument_errors(name, arguments, match):
     with pytest.raises(tools.ArgumentError, match=match):
         check(name, **arguments)
+
+
+def test_top_k_and_date_filter_edges():
+    assert check("text_search", queries=["a"], top_k=10 ** 400).top_k == tools.MAX_TEXT_TOP_K
+    assert check("image_search", query="a", top_k=-3).top_k == 1
+    assert base.parse_tbs("qdr:y9999", TODAY) == (dt.date.min, TODAY)  # before year 1: everything up to today
+    assert base.parse_tbs(" qdr:m6 ", TODAY) == (TODAY - dt.timedelta(days=186), TODAY)
 
 
 def test_disabled_tool_is_unknown():

@@ -145,3 +145,14 @@ def test_errors_name_the_thing(backend, root, tmp_path):
         OfflineBackend(copy)
     with pytest.raises(FileNotFoundError, match="is not an offline world"):
         OfflineBackend(tmp_path / "empty")
+
+
+def test_world_files_are_trusted_by_their_build_hash(backend, root, tmp_path):
+    image = next(iter(backend.world.images.values()))
+    blob = run(backend.fetch_image(image.url))
+    assert blob.trusted_file == str((root / image.file).resolve())
+    copy = shutil.copytree(root, tmp_path / "tampered")
+    other = Image.new("RGB", (image.width, image.height), (1, 2, 3))
+    other.save(copy / image.file)  # a valid PNG, but not the one the builder wrote
+    tampered = run(OfflineBackend(copy).fetch_image(image.url))
+    assert tampered.trusted_file is None and tampered.data == (copy / image.file).read_bytes()

@@ -111,3 +111,19 @@ def test_cache_replays_without_requests(server, tmp_path):
     assert again == first and server.count() == count
     run(client(server, cache_dir=tmp_path).images("cached query", tbs="qdr:w"))  # different request → miss
     assert server.count() == count + 1
+
+
+def test_malformed_result_rows_are_skipped_or_cleaned():
+    rows = [{"title": None, "link": 5, "snippet": ["a"], "date": 7}, "junk", None,
+            {"title": "ok", "link": " https://a.org/x ", "snippet": "s", "date": 20251101, "position": "first"},
+            {"imageUrl": 7, "link": 9}, {"imageUrl": "https://a.org/i.png", "link": ["x"], "source": {"n": 1},
+                                        "imageWidth": "wide", "imageHeight": 1e400, "position": 2.0}]
+    with LoopbackServer() as srv:
+        body = json.dumps({"organic": rows, "images": rows}).replace("1e400", "Infinity")
+        srv.route("POST", "/search", lambda req: Reply(body=body.encode(), headers={"Content-Type": "application/json"}))
+        srv.route("POST", "/images", lambda req: Reply(body=body.encode(), headers={"Content-Type": "application/json"}))
+        hits = run(client(srv).search("q"))
+        images = run(client(srv).images("q"))
+    assert hits == [base.TextHit(title="ok", url="https://a.org/x", snippet="s", date=None, position=4)]
+    assert images == [base.ImageHit(title="", image_url="https://a.org/i.png", page_url=None, source=None,
+                                    width=None, height=None, position=2)]

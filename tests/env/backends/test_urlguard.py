@@ -43,6 +43,24 @@ def resolve(url, allow=()):
     ("http://[ff02::1]/", "multicast"),
     ("http://240.0.0.1/", "reserved"),
     ("http://100.64.0.1/", "address 100.64.0.1"),
+    ("http://127.000.000.001/", "loopback"),
+    ("http://0x7f.0x0.0x0.0x1/", "loopback"),
+    ("http://017700000001/", "loopback"),
+    ("http://00000177.0.0.1/", "loopback"),
+    ("HTTP://127.0.0.1:80/", "loopback"),
+    ("http://a:b@127.0.0.1:80/", "loopback"),
+    ("http://8.8.8.8\\@127.0.0.1/", "loopback"),
+    ("http://[0:0:0:0:0:ffff:127.0.0.1]/", "loopback"),
+    ("http://[0000::1]/", "loopback"),
+    ("http://[::ffff:169.254.169.254]/", "link-local"),
+    ("http://[::ffff:a00:1]/", "private"),
+    ("http://[2001:0:4136:e378:8000:63bf:80ff:fffe]/", "loopback"),  # Teredo around 127.0.0.1
+    ("http://[::127.0.0.1]/", "reserved"),
+    ("http://\uff11\uff12\uff17.0.0.1/", "loopback"),  # fullwidth digits: IDNA maps them to 127.0.0.1
+    ("http://127.0.0.1%2f/", "characters a host name cannot have"),
+    ("http://example.com%00.127.0.0.1/", "characters a host name cannot have"),
+    ("data:text/html,<h1>x</h1>", "scheme 'data'"),
+    ("//127.0.0.1/", r"scheme '\(none\)'"),
     ("ftp://example.com/file", "scheme 'ftp'"),
     ("file:///etc/passwd", "scheme 'file'"),
     ("javascript:alert(1)", "scheme 'javascript'"),
@@ -90,3 +108,15 @@ def test_public_literals_pass_and_are_pinned():
     assert pinned.extensions["sni_hostname"] == "news.example.org"
     v6 = urlguard.Target("http://v6.example.org/", "http", "v6.example.org", 80, "2606:2800:220:1::1")
     assert transport.pinned_request(httpx.Request("GET", "http://v6.example.org/"), v6).url.host == "2606:2800:220:1::1"
+
+
+def test_pinning_follows_the_checked_address_not_the_spelling():
+    # httpx and urllib may read an odd URL differently; the connection must go where the guard looked
+    target = urlguard.Target("http://0x5db8d822/a", "http", "0x5db8d822", 80, "93.184.216.34")
+    pinned = transport.pinned_request(httpx.Request("GET", "http://0x5db8d822/a"), target)
+    assert pinned.url.host == "93.184.216.34" and pinned.headers["Host"] == "0x5db8d822"
+    odd = urlguard.Target("http://evil.example/", "http", "8.8.8.8", 80, "8.8.8.8")
+    assert transport.pinned_request(httpx.Request("GET", "http://evil.example/"), odd).url.host == "8.8.8.8"
+    same = urlguard.Target("http://8.8.8.8/", "http", "8.8.8.8", 80, "8.8.8.8")
+    request = httpx.Request("GET", "http://8.8.8.8/")
+    assert transport.pinned_request(request, same) is request

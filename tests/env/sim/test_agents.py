@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import datetime as dt
 import json
 import re
 import runpy
@@ -127,6 +128,10 @@ def test_request_reading():
 def test_unknown_policy_is_named(small_world):
     with pytest.raises(ValueError, match=r"unknown policy 'oracle'; known policies: \['expert', 'naive'\]"):
         savanna.evaluate(small_world, "oracle")
+    for limit in (0, -1, 1.5):
+        with pytest.raises(ValueError, match=f"limit must be a positive number of tasks or None; got {limit}"):
+            savanna.evaluate(small_world, "naive", limit=limit)
+    assert savanna.evaluate(small_world, "naive", limit=2)["num_tasks"] == 2
 
 
 def test_eval_script_writes_json(small_world, tmp_path, monkeypatch, capsys):
@@ -138,3 +143,23 @@ def test_eval_script_writes_json(small_world, tmp_path, monkeypatch, capsys):
     assert result["num_tasks"] == 6 and 0.0 <= result["search_score"] <= 1.0
     assert set(result["search_score_by_domain"]) == set(result["num_tasks_by_domain"])
     assert "search_score" in capsys.readouterr().out
+
+
+def test_expert_reads_the_launch_article_even_when_the_variant_is_a_launch_word(hard_world):
+    # "Official" is the variant's name here, not a sign of an official launch article
+    prompt = "Show the Quorktres Series Official match ball that was revealed a few weeks ago on the centre circle."
+    results = ("<tool_response>\n--- search result for [Quorktres Series Official] ---\n"
+               "1. [Fans react to the Quorktres Series 2025 Official match ball](https://a.sim/news/fans) (2025-02-19)\n"
+               "We went to the penalty spot to see it up close.\n"
+               "2. [Quorktres Series reveals 2025 Official and Final match balls](https://b.sim/news/reveals) "
+               "(2025-02-07)\nQuorktres Series today revealed its 2025 match balls.\n"
+               "--- end of search result ---\n</tool_response>")
+    task = env.Task("q", prompt)
+    said = agents.tool_call("text_search", {"queries": ["Quorktres Series Official"]}, "search")
+    state = env.EnvState(task=task, messages=({"role": "system", "content": "s"}, {"role": "user", "content": prompt},
+                                              {"role": "assistant", "content": said},
+                                              {"role": "user", "content": results}),
+                         images=env.FrozenDict(), image_keys=env.FrozenDict(), next_image_index=1,
+                         today=dt.date(2025, 3, 1), num_turns=1, num_tool_calls=1)
+    turn = agents.ExpertAgent(OracleDetector(load_world(hard_world))).act(state)
+    assert '"url": "https://b.sim/news/reveals"' in turn

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import datetime as dt
+import hashlib
 import json
 
 import pytest
@@ -137,6 +138,22 @@ def test_cli_writes_a_world(tmp_path, capsys):
     build.main(["--out", str(tmp_path / "cli"), "--tasks", "2", "--seed", "5"])
     assert "2 tasks" in capsys.readouterr().out
     assert len(load_tasks(tmp_path / "cli")) == 2
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--tasks", "0"], "num_tasks must be in 1..5000, got 0"),
+    (["--tasks", "-3"], "num_tasks must be in 1..5000, got -3"),
+])
+def test_cli_errors_are_usage_errors(tmp_path, capsys, argv, match):
+    with pytest.raises(SystemExit) as info:
+        build.main(["--out", str(tmp_path / "w"), *argv])
+    assert info.value.code == 2 and match in capsys.readouterr().err
+
+
+def test_image_rows_record_the_file_hash(small_world):
+    the_world = load_world(small_world)
+    for image in the_world.images.values():
+        assert image.sha256 == hashlib.sha256((small_world / image.file).read_bytes()).hexdigest()
 
 
 def test_build_errors(tmp_path):
