@@ -24,6 +24,8 @@ MAX_REFERENCES = 4  # the reward's valid reference range is [1, 4]
 TEXT_BAND_FRACTION = 0.2  # share of the canvas height given to the prompt text
 PADDING = 8
 TEXT_COLOUR = (20, 20, 20)
+PNG_COMPRESS_LEVEL = 1  # a viewer image: fast zlib (half the encode time of the default level)
+RESIZE_REDUCING_GAP = 2.0  # downscale by a whole factor first (box filter), then Lanczos: same look, ~3x faster
 
 
 def _background(seed: int) -> tuple[int, int, int]:
@@ -42,10 +44,12 @@ def _fit(image: Image.Image, box: tuple[int, int]) -> Image.Image:
     """`image` scaled (aspect kept, up or down) to fit inside `box`."""
     scale = min(box[0] / image.width, box[1] / image.height)
     size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
-    return image.resize(size, Image.Resampling.LANCZOS)
+    return image.resize(size, Image.Resampling.LANCZOS, reducing_gap=RESIZE_REDUCING_GAP)
 
 
-def _wrap(draw: ImageDraw.ImageDraw, text: str, font: ImageFont.FreeTypeFont, width: int) -> list[str]:
+def _wrap(draw: ImageDraw.ImageDraw, text: str, font: ImageFont.FreeTypeFont, width: int,
+          max_lines: int) -> list[str]:
+    """`text` broken into lines of at most `width` pixels; stops once a line beyond `max_lines` is started."""
     lines: list[str] = []
     for paragraph in text.splitlines() or [""]:
         line = ""
@@ -53,10 +57,14 @@ def _wrap(draw: ImageDraw.ImageDraw, text: str, font: ImageFont.FreeTypeFont, wi
             candidate = f"{line} {word}".strip()
             if line and draw.textlength(candidate, font=font) > width:
                 lines.append(line)
+                if len(lines) > max_lines:
+                    return lines
                 line = word
             else:
                 line = candidate
         lines.append(line)
+        if len(lines) > max_lines:
+            return lines
     return lines
 
 
@@ -77,8 +85,8 @@ def compose(prompt: str, references: Sequence[media.ImageLike], *, seed: int, si
     draw = ImageDraw.Draw(canvas)
     font_size = max(8, band // 5)
     font = ImageFont.load_default(size=font_size)
-    lines = _wrap(draw, prompt, font, width - 2 * PADDING)
     max_lines = max(1, (band - PADDING) // (font_size + 2))
+    lines = _wrap(draw, prompt, font, width - 2 * PADDING, max_lines)
     if len(lines) > max_lines:
         lines = lines[:max_lines]
         lines[-1] = lines[-1] + " …"
@@ -119,7 +127,7 @@ class CompositorGenerator:
             return GenerationResult(ok=False, image=None, error=f"bad generation request: {err}",
                                     latency_s=time.monotonic() - start, request=request)
         out = io.BytesIO()
-        image.save(out, format="PNG")
+        image.save(out, format="PNG", compress_level=PNG_COMPRESS_LEVEL)
         return GenerationResult(ok=True, image=out.getvalue(), error=None, latency_s=time.monotonic() - start,
                                 request=request)
 

@@ -16,6 +16,8 @@ image lists always agree (peers.md §7 items 1–3).
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import dataclasses
 import logging
 import time
@@ -36,6 +38,7 @@ log = logging.getLogger(__name__)
 
 GEN_SEARCHER_MAX_NEW_TOKENS = 4096  # GEN_MAX_NEW_TOKENS_PER_TURN
 GEN_SEARCHER_MAX_CONTEXT = 36_000  # max_response_length 30000 + 6000: cumulative prompt tokens, images included
+MAX_SYSTEM_TURNS = 64  # rendered system turns kept by an EpisodeCache (one per distinct date / tool set)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -59,6 +62,35 @@ class Scorer(Protocol):
 
     async def ascore(self, env: tool_env.ToolEnv, state: tool_env.EnvState
                      ) -> tuple[combine.RewardBreakdown, images_lib.GenerationResult | None]: ...
+
+
+class EpisodeCache:
+    """Work the episodes of one run share (`runner.agroups` makes one per run): observation images prepared
+    once per content digest, and each distinct system turn tokenized once — both exactly what preparing or
+    rendering them per episode would give.
+
+    Args:
+        max_image_bytes: budget of the prepared-image cache (`sequence.PreparedImageCache`).
+    """
+
+    def __init__(self, *, max_image_bytes: int = sequence.DEFAULT_IMAGE_CACHE_BYTES):
+        self.images = sequence.PreparedImageCache(max_image_bytes)
+        self._system: collections.OrderedDict[tuple[chat.ChatRenderer, str], chat.Rendered] = \
+            collections.OrderedDict()
+
+    def prefix(self, renderer: chat.ChatRenderer, system: str, user: str) -> chat.Rendered:
+        """`renderer.render_prefix(system, user, date=None)`: the system turn from the cache, the user turn
+        rendered (each ChatML turn is encoded on its own, so the two concatenate exactly)."""
+        key = (renderer, system)
+        turn = self._system.get(key)
+        if turn is None:
+            turn = renderer.render([{"role": "system", "content": system}])
+            self._system[key] = turn
+            if len(self._system) > MAX_SYSTEM_TURNS:
+                self._system.popitem(last=False)
+        else:
+            self._system.move_to_end(key)
+        return turn + renderer.render_user(user)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,8 +122,8 @@ def _decode_turn(renderer: chat.ChatRenderer, token_ids: np.ndarray) -> str:
 class _Episode:
     """The mutable bookkeeping of one running episode (kept out of the pure env state)."""
 
-    def __init__(self, spec: EpisodeSpec, renderer: chat.ChatRenderer, config: EpisodeConfig):
-        self.spec, self.renderer, self.config = spec, renderer, config
+    def __init__(self, spec: EpisodeSpec, renderer: chat.ChatRenderer, config: EpisodeConfig, cache: EpisodeCache):
+        self.spec, self.renderer, self.config, self.cache = spec, renderer, config, cache
         tok = renderer.tokenizer
         self.seq = sequence.TokenSequence(image_pad_id=tok.image_pad_id, merge_size=config.vision.merge_size)
         self.generation_prompt = renderer.generation_prompt()
@@ -109,8 +141,8 @@ class _Episode:
 
 
 async def run_episode(env: tool_env.ToolEnv, policy: policy_lib.Policy, spec: EpisodeSpec, *,
-                      renderer: chat.ChatRenderer, config: EpisodeConfig, scorer: Scorer | None = None
-                      ) -> trajectory.Trajectory:
+                      renderer: chat.ChatRenderer, config: EpisodeConfig, scorer: Scorer | None = None,
+                      cache: EpisodeCache | None = None) -> trajectory.Trajectory:
     """Runs one episode to its end and records it (see the module docstring).
 
     A policy failure (transport error, server abort) ends the episode with `error`; the trajectory keeps every
@@ -123,14 +155,15 @@ async def run_episode(env: tool_env.ToolEnv, policy: policy_lib.Policy, spec: Ep
         renderer: the policy model's chat renderer (its tokenizer encodes every prompt segment).
         config: limits, sampling and image settings.
         scorer: rewards the finished episode; None records reward 0 without a breakdown.
+        cache: work shared with the run's other episodes (None: a private one).
 
     Returns:
         The validated `Trajectory`.
     """
     started = time.monotonic()
-    ep = _Episode(spec, renderer, config)
+    ep = _Episode(spec, renderer, config, cache if cache is not None else EpisodeCache())
     state = env.reset(spec.task)
-    prefix = renderer.render_prefix(state.messages[0]["content"], state.messages[1]["content"], date=None)
+    prefix = ep.cache.prefix(renderer, state.messages[0]["content"], state.messages[1]["content"])
     ep.seq.append(prefix)
     ep.num_messages = 2
     new_images: tuple[sequence.PreparedImage, ...] = ()
@@ -194,10 +227,10 @@ async def _loop(env: tool_env.ToolEnv, policy: policy_lib.Policy, ep: _Episode, 
             return state
         t0 = time.monotonic()
         try:
-            prepared = tuple(sequence.prepare_image(o.image, config.vision, img_id=o.img_id,
-                                                    parent_id=state.images[o.img_id].parent_id)
-                             for o in observation.images)
-            segment = renderer.render_user(observation.text, images_grid_thw=[p.grid_thw for p in prepared])
+            if observation.images:  # resizing, patching and PNG-encoding release the GIL: off the event loop
+                prepared, segment = await asyncio.to_thread(_observation_segment, ep, state, observation)
+            else:
+                prepared, segment = _observation_segment(ep, state, observation)
         except ValueError as err:  # e.g. an image the processor refuses (aspect ratio > 200)
             ep.error = f"observation of turn {turn} cannot be rendered: {err}"
             return env.terminate(state, core.ERROR)
@@ -211,6 +244,15 @@ async def _loop(env: tool_env.ToolEnv, policy: policy_lib.Policy, ep: _Episode, 
         new_images = prepared
     ep.error = f"the episode did not end within {env.config.max_turns + 2} turns"
     return env.terminate(state, core.ERROR)
+
+
+def _observation_segment(ep: _Episode, state: tool_env.EnvState, observation: core.Observation
+                         ) -> tuple[tuple[sequence.PreparedImage, ...], chat.Rendered]:
+    """The observation's images prepared (through the run's cache) and its user turn rendered around them."""
+    prepared = tuple(ep.cache.images.prepare(o.image, ep.config.vision, key=state.images[o.img_id].sha256,
+                                             img_id=o.img_id, parent_id=state.images[o.img_id].parent_id)
+                     for o in observation.images)
+    return prepared, ep.renderer.render_user(observation.text, images_grid_thw=[p.grid_thw for p in prepared])
 
 
 def _check_generation(gen: policy_lib.Generation, request: policy_lib.TurnRequest, vision_ids) -> str | None:

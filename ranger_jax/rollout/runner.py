@@ -70,12 +70,15 @@ def group_id(run_id: str, group_index: int, task: core.Task) -> str:
 
 async def agroups(env: tool_env.ToolEnv, policy: policy_lib.Policy, tasks: Iterable[core.Task], *,
                   renderer: chat.ChatRenderer, config: RolloutConfig = RolloutConfig(),
-                  scorer: episode_lib.Scorer | None = None) -> AsyncIterator[Group]:
+                  scorer: episode_lib.Scorer | None = None,
+                  cache: episode_lib.EpisodeCache | None = None) -> AsyncIterator[Group]:
     """Runs every task G times with at most `config.concurrency` episodes in flight; yields groups as they finish.
 
-    Episodes are started in task order. An exception from an episode (a bug or a scorer that cannot score the
-    task; policy failures are recorded on the trajectory instead) cancels the rest and propagates.
+    Episodes are started in task order and share `cache` (None: a new one for this run). An exception from an
+    episode (a bug or a scorer that cannot score the task; policy failures are recorded on the trajectory
+    instead) cancels the rest and propagates.
     """
+    cache = cache if cache is not None else episode_lib.EpisodeCache()
     specs = ((index, task, k) for index, task in enumerate(tasks) for k in range(config.group_size))
     running: dict[asyncio.Task, tuple[int, core.Task]] = {}
     done_by_group: dict[int, list[trajectory.Trajectory]] = {}
@@ -88,7 +91,7 @@ async def agroups(env: tool_env.ToolEnv, policy: policy_lib.Policy, tasks: Itera
         episode = episode_lib.EpisodeSpec(task=task, group_id=group_id(config.run_id, index, task), sample_index=k,
                                           seed=episode_seed(config.seed, index, k))
         coroutine = episode_lib.run_episode(env, policy, episode, renderer=renderer, config=config.episode,
-                                            scorer=scorer)
+                                            scorer=scorer, cache=cache)
         running[asyncio.ensure_future(coroutine)] = (index, task)
         return True
 
@@ -114,13 +117,14 @@ async def agroups(env: tool_env.ToolEnv, policy: policy_lib.Policy, tasks: Itera
 
 async def arun(env: tool_env.ToolEnv, policy: policy_lib.Policy, tasks: Iterable[core.Task], *,
                renderer: chat.ChatRenderer, config: RolloutConfig = RolloutConfig(),
-               scorer: episode_lib.Scorer | None = None) -> list[Group]:
+               scorer: episode_lib.Scorer | None = None, cache: episode_lib.EpisodeCache | None = None) -> list[Group]:
     """Every group of `agroups(...)` (same arguments), in completion order."""
-    return [group async for group in agroups(env, policy, tasks, renderer=renderer, config=config, scorer=scorer)]
+    return [group async for group in agroups(env, policy, tasks, renderer=renderer, config=config, scorer=scorer,
+                                             cache=cache)]
 
 
 def run(env: tool_env.ToolEnv, policy: policy_lib.Policy, tasks: Iterable[core.Task], *,
         renderer: chat.ChatRenderer, config: RolloutConfig = RolloutConfig(),
-        scorer: episode_lib.Scorer | None = None) -> list[Group]:
+        scorer: episode_lib.Scorer | None = None, cache: episode_lib.EpisodeCache | None = None) -> list[Group]:
     """Sync twin of `arun` (must not be called from a running event loop)."""
-    return asyncio.run(arun(env, policy, tasks, renderer=renderer, config=config, scorer=scorer))
+    return asyncio.run(arun(env, policy, tasks, renderer=renderer, config=config, scorer=scorer, cache=cache))

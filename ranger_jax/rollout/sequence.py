@@ -4,13 +4,17 @@ The training sequence is the concatenation of what the policy was given and what
 rendered prompt segments (mask 0, log-prob 0) and the sampled ids (mask 1, their log-probs). Images are
 prepared once (`prepare_image`): resized to the processor's grid, so the PNG recorded on the trajectory, the
 pixels an SGLang server receives and the pixels the in-process sampler encodes are the same, and re-running
-`preprocess_image` on the recorded PNG gives the policy's `pixel_values` bit for bit.
+`preprocess_image` on the recorded PNG gives the policy's `pixel_values` bit for bit. A `PreparedImageCache`
+shares that work between the episodes of a run: the same stored image (by content digest) under the same
+settings is prepared once — the G samples of a GRPO group mostly see the same search results.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import io
+import threading
 from collections.abc import Sequence
 
 import numpy as np
@@ -22,6 +26,7 @@ from ranger_jax.processing import chat, image as image_lib
 
 QWEN3_VL_MIN_PIXELS = 4 * 32 * 32  # qwen_vl_utils: at least 4 tokens per image
 GEN_SEARCHER_MAX_PIXELS = 160_000  # Gen-Searcher training rollouts (fetch_image max_pixels)
+DEFAULT_IMAGE_CACHE_BYTES = 512 * 2**20  # ~140 prepared 160k-pixel images (pixel_values dominate)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -56,7 +61,7 @@ class PreparedImage:
         parent_id: for a crop, the id it was cut from.
         image: RGB pixels at the processor's size (a multiple of patch_size · merge_size on each side).
         png: `image` PNG-encoded (lossless), recorded on the trajectory and sent to SGLang.
-        pixel_values: [P, I] float32 patch rows.
+        pixel_values: [P, I] float32 patch rows (read-only: a cache may share them between episodes).
         grid_thw: [3] int64 (t, h, w) in patches.
         num_tokens: its `<|image_pad|>` placeholders, t·h·w / merge².
     """
@@ -93,9 +98,103 @@ def prepare_image(image: Image.Image, settings: VisionSettings, *, img_id: str |
                          "the pixel bounds")
     buffer = io.BytesIO()
     resized.save(buffer, format="PNG")
+    pixel_values.flags.writeable = False
     return PreparedImage(img_id=img_id, parent_id=parent_id, image=resized, png=buffer.getvalue(),
                          pixel_values=pixel_values, grid_thw=grid,
                          num_tokens=image_lib.image_token_count(grid, merge_size=settings.merge_size))
+
+
+def _nbytes(prepared: PreparedImage) -> int:
+    width, height = prepared.image.size
+    return prepared.pixel_values.nbytes + len(prepared.png) + 3 * width * height
+
+
+class _InFlight:
+    """An image one thread is preparing; others with the same key wait for it instead of repeating the work."""
+
+    def __init__(self):
+        self.done = threading.Event()
+        self.result: PreparedImage | None = None
+
+
+class PreparedImageCache:
+    """Prepared images by content, least recently used dropped first beyond `max_bytes` (thread-safe; a key
+    being prepared by one thread is waited for by the others — the G samples of a group ask at the same time).
+
+    Args:
+        max_bytes: memory budget (pixel values, PNG and pixels); 0 disables caching.
+    """
+
+    def __init__(self, max_bytes: int = DEFAULT_IMAGE_CACHE_BYTES):
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
+            raise ValueError(f"PreparedImageCache max_bytes must be an int >= 0; got {max_bytes!r}")
+        self.max_bytes = max_bytes
+        self._entries: collections.OrderedDict[tuple[str, VisionSettings], PreparedImage] = collections.OrderedDict()
+        self._in_flight: dict[tuple[str, VisionSettings], _InFlight] = {}
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self.hits = self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def _lookup(self, entry_key: tuple[str, VisionSettings]) -> tuple[PreparedImage | None, _InFlight | None, bool]:
+        """(cached entry, in-flight record, whether this caller prepares it) under the lock."""
+        with self._lock:
+            cached = self._entries.get(entry_key)
+            if cached is not None:
+                self._entries.move_to_end(entry_key)
+                self.hits += 1
+                return cached, None, False
+            flight = self._in_flight.get(entry_key)
+            if flight is not None:
+                return None, flight, False
+            flight = self._in_flight[entry_key] = _InFlight()
+            return None, flight, True
+
+    def _store(self, entry_key: tuple[str, VisionSettings], prepared: PreparedImage) -> None:
+        size = _nbytes(prepared)
+        with self._lock:
+            if size <= self.max_bytes and entry_key not in self._entries:
+                self._entries[entry_key] = prepared
+                self._bytes += size
+                while self._bytes > self.max_bytes:
+                    _, dropped = self._entries.popitem(last=False)
+                    self._bytes -= _nbytes(dropped)
+
+    def prepare(self, image: Image.Image, settings: VisionSettings, *, key: str, img_id: str | None = None,
+                parent_id: str | None = None) -> PreparedImage:
+        """`prepare_image(image, settings, …)`, reusing the work of an earlier or concurrent call with the same key.
+
+        Args:
+            key: a digest of `image`'s pixels (e.g. `ImageRecord.sha256`); equal keys must mean equal pixels.
+        """
+        if self.max_bytes == 0:
+            self.misses += 1
+            return prepare_image(image, settings, img_id=img_id, parent_id=parent_id)
+        entry_key = (key, settings)
+        cached, flight, owner = self._lookup(entry_key)
+        if cached is None and not owner:
+            flight.done.wait()
+            cached = flight.result
+            if cached is not None:
+                with self._lock:
+                    self.hits += 1
+        if cached is not None:
+            return dataclasses.replace(cached, img_id=img_id, parent_id=parent_id)
+        prepared = None
+        try:
+            prepared = prepare_image(image, settings, img_id=img_id, parent_id=parent_id)
+            self._store(entry_key, prepared)
+            return prepared
+        finally:
+            with self._lock:
+                self.misses += 1
+                if owner:
+                    del self._in_flight[entry_key]
+            if owner:
+                flight.result = prepared  # None when preparing failed: waiters then try themselves
+                flight.done.set()
 
 
 class TokenSequence:
@@ -141,7 +240,7 @@ class TokenSequence:
                                                           token_index=offset + start, img_id=image.img_id,
                                                           parent_id=image.parent_id))
             self.prepared.append(image)
-        self._ids.extend(int(i) for i in segment.ids)
+        self._ids.extend(segment.ids.tolist())
         self._mask.extend([0] * len(segment))
         self._logprobs.extend([0.0] * len(segment))
 
@@ -157,9 +256,9 @@ class TokenSequence:
         if np.any(token_ids == self.image_pad_id):
             raise ValueError(f"generated ids hold <|image_pad|> ({self.image_pad_id}) at position "
                              f"{int(np.flatnonzero(token_ids == self.image_pad_id)[0])}")
-        self._ids.extend(int(i) for i in token_ids)
+        self._ids.extend(token_ids.astype(np.int64).tolist())
         self._mask.extend([1] * token_ids.size)
-        self._logprobs.extend(float(v) for v in logprobs)
+        self._logprobs.extend(logprobs.tolist())
 
     def arrays(self) -> dict[str, np.ndarray]:
         """`token_ids` [T] int32, `loss_mask` [T] int8, `sampler_logprobs` [T] float32."""

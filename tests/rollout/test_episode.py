@@ -78,6 +78,26 @@ def test_expert_trajectories_are_exact_sft_data(expert_runs, tasks, qwen_rendere
         assert traj.metadata["num_tool_calls"] == len(said) - 1
 
 
+def test_shared_cache_changes_nothing_but_the_work(sim_env, expert, tasks, qwen_renderer, the_world):
+    """A run's EpisodeCache (prepared images by content, system turns) gives the same trajectories as none."""
+    config = runner.RolloutConfig(group_size=2, concurrency=2, seed=3, episode=CONFIG)
+    cache = episode.EpisodeCache()
+    shared = runner.run(sim_env, expert, tasks[:2], renderer=qwen_renderer, config=config, cache=cache)
+    assert cache.images.hits > cache.images.misses > 0  # a group's samples see the same search results
+    alone = [runner.run(sim_env, expert, [task], renderer=qwen_renderer, config=runner.RolloutConfig(
+        group_size=2, seed=3, episode=CONFIG, run_id="run"), cache=episode.EpisodeCache(max_image_bytes=0))[0]
+        for task in tasks[:2]]
+    by_task = {g.task_id: g for g in shared}
+    for group in alone:
+        for a, b in zip(by_task[group.task_id].trajectories, group.trajectories, strict=True):
+            np.testing.assert_array_equal(a.token_ids, b.token_ids)
+            assert [im.png for im in a.images] == [im.png for im in b.images] and a.messages == b.messages
+    system, user = shared[0].trajectories[0].messages[0]["content"], "  a task\n with <b>text</b>  "
+    for text in (user, "", "日本語 ✓"):
+        np.testing.assert_array_equal(cache.prefix(qwen_renderer, system, text).ids,
+                                      qwen_renderer.render_prefix(system, text, date=None).ids)
+
+
 def test_offline_reward_matches_the_sim_score(expert_runs, tasks, the_world, sim_env, expert, qwen_renderer):
     task = tasks[0]
     state = sim_env.reset(task)

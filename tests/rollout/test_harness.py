@@ -1,5 +1,6 @@
 """The chat harness over a loopback OpenAI-compatible server that plays back scripted tool-calling replies."""
 
+import base64
 import json
 
 import numpy as np
@@ -7,6 +8,7 @@ import pytest
 from support.loopback import LoopbackServer, Reply
 
 from ranger_jax.clients import chat
+from ranger_jax.data import viewer
 from ranger_jax.env import core
 from ranger_jax.env.sim import agents
 from ranger_jax.rollout import episode, harness, runner, scoring, sequence
@@ -77,6 +79,9 @@ def test_harness_episode_over_chat_loopback(loopback, sim_env, tasks, qwen_rende
     assert said[2].endswith("</answer> ")  # the literal <|image_pad|> never reaches the env or the ids
     assert (traj.token_ids == qwen_renderer.tokenizer.image_pad_id).sum() == sum(i.num_tokens() for i in traj.images)
     assert traj.reward_breakdown["components"]["sim"]["references"][0]["img_id"] == "IMG_006"
+    page = viewer.render_html([traj])  # the viewer shows a harness episode like any other
+    assert all(base64.b64encode(image.png).decode() in page for image in traj.images)
+    assert "crop of IMG_001" in page and "harness" in page and "<h3>Crops</h3>" in page
 
     first, second, third = script.bodies
     assert first["tools"] == sim_env.tool_schemas() and first["model"] == "frontier"

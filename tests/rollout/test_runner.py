@@ -9,6 +9,7 @@ import pytest
 from PIL import Image
 from support.loopback import LoopbackServer, Reply
 
+from ranger_jax.data import viewer
 from ranger_jax.env import core
 from ranger_jax.env.sim import savanna
 from ranger_jax.rewards import combine, kscore, text_reward
@@ -134,6 +135,9 @@ def test_live_reward_records_the_generated_image_or_its_failure(services, sim_en
     failed = group.trajectories[0]
     assert failed.generated_image is None and "CUDA out of memory" in failed.generation_error
     assert failed.reward == 0.0 and failed.reward_breakdown["zero_reason"] == combine.GENERATION_FAILED
+    page = viewer.render_html([traj, failed])
+    assert base64.b64encode(traj.generated_image).decode() in page and "zero: generation_failed" in page
+    assert "generation failed: HTTP 400" in page and "CUDA out of memory" in page
 
 
 def test_task_ground_truth_and_scorer_errors(sim_env, tasks, world_dir):

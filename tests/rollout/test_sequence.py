@@ -1,6 +1,8 @@
 """Observation images prepared once: the recorded PNG re-preprocesses to the policy's pixels, bit for bit."""
 
+import concurrent.futures
 import io
+import threading
 
 import numpy as np
 import pytest
@@ -49,3 +51,46 @@ def test_settings_and_refusals():
         sequence.VisionSettings(merge_size=0)
     with pytest.raises(ValueError, match="image IMG_009 of size 2000x4: .*aspect ratio"):
         sequence.prepare_image(noisy((2000, 4)), SETTINGS, img_id="IMG_009")
+
+
+def test_prepared_image_cache_reuses_work_by_content_within_its_budget():
+    cache = sequence.PreparedImageCache(max_bytes=10 * 2**20)
+    first = cache.prepare(noisy((333, 217)), SETTINGS, key="sha-a", img_id="IMG_001")
+    again = cache.prepare(noisy((333, 217)), SETTINGS, key="sha-a", img_id="IMG_007", parent_id="IMG_002")
+    assert (cache.hits, cache.misses, len(cache)) == (1, 1, 1)
+    assert again.png == first.png and again.pixel_values is first.pixel_values  # shared, hence read-only
+    assert (again.img_id, again.parent_id) == ("IMG_007", "IMG_002") and first.img_id == "IMG_001"
+    with pytest.raises(ValueError, match="read-only"):
+        first.pixel_values[0, 0] = 1.0
+    other = sequence.VisionSettings(min_pixels=1024, max_pixels=16_384)
+    assert cache.prepare(noisy((333, 217)), other, key="sha-a").num_tokens < first.num_tokens  # settings are keyed
+    size = first.pixel_values.nbytes + len(first.png) + 3 * first.image.width * first.image.height
+    small = sequence.PreparedImageCache(max_bytes=size)
+    for key in ("a", "b", "a"):
+        small.prepare(noisy((333, 217)), SETTINGS, key=key)
+    assert (small.hits, small.misses, len(small)) == (0, 3, 1)  # "b" pushed "a" out: least recently used first
+    off = sequence.PreparedImageCache(max_bytes=0)
+    off.prepare(noisy((64, 64)), SETTINGS, key="x")
+    off.prepare(noisy((64, 64)), SETTINGS, key="x")
+    assert (off.hits, len(off)) == (0, 0)
+    with pytest.raises(ValueError, match="max_bytes must be an int >= 0; got -1"):
+        sequence.PreparedImageCache(max_bytes=-1)
+
+
+def test_concurrent_requests_for_one_image_prepare_it_once():
+    cache = sequence.PreparedImageCache()
+    barrier = threading.Barrier(4)
+
+    def ask(index):
+        barrier.wait()
+        return cache.prepare(noisy((333, 217)), SETTINGS, key="same", img_id=f"IMG_00{index}")
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(ask, range(4)))
+    assert (cache.misses, cache.hits) == (1, 3) and len({r.png for r in results}) == 1
+    assert [r.img_id for r in results] == ["IMG_000", "IMG_001", "IMG_002", "IMG_003"]
+    with pytest.raises(ValueError, match="aspect ratio"):  # a failure is not cached: the next caller tries again
+        cache.prepare(noisy((2000, 4)), SETTINGS, key="strip")
+    with pytest.raises(ValueError, match="aspect ratio"):
+        cache.prepare(noisy((2000, 4)), SETTINGS, key="strip")
+    assert cache.misses == 3
