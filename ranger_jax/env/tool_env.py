@@ -151,7 +151,18 @@ class ToolEnv:
                                      max_tool_calls=self.config.max_tool_calls, max_refs=self.config.max_answer_refs)
 
     def reset(self, task: core.Task) -> EnvState:
-        """The initial state: system prompt and the task prompt as the first user message."""
+        """The initial state: system prompt and the task prompt as the first user message.
+
+        Raises:
+            TypeError: `task` is not a Task with a str prompt and mapping (or None) metadata.
+            ValueError: `task.metadata["today"]` is not a YYYY-MM-DD date.
+        """
+        if not isinstance(task, core.Task):
+            raise TypeError(f"reset needs an env.Task; got {type(task).__name__}")
+        if not isinstance(task.prompt, str):
+            raise TypeError(f"task {task.id!r}: prompt must be a str; got {type(task.prompt).__name__}")
+        if task.metadata is not None and not isinstance(task.metadata, Mapping):
+            raise TypeError(f"task {task.id!r}: metadata must be a mapping or None; got {type(task.metadata).__name__}")
         messages = ({"role": "system", "content": self.system_prompt(task)},
                     {"role": "user", "content": prompts.renderable(task.prompt)})
         return EnvState(task=task, messages=messages, images=core.FrozenDict(), image_keys=core.FrozenDict(),

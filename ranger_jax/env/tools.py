@@ -25,6 +25,9 @@ ALIASES = {"search": TEXT_SEARCH, "browse": WEB_FETCH, "visit": WEB_FETCH}
 TIME_RANGES = {"hour": "qdr:h", "day": "qdr:d", "week": "qdr:w", "month": "qdr:m", "year": "qdr:y"}
 MAX_TEXT_TOP_K = 10
 MAX_FETCH_URLS = 5
+# Longest argument strings: Google cuts queries at 2048 characters, servers refuse URLs past ~8 KB, and a page
+# reader's question needs no more than a paragraph.
+MAX_CHARS = {"queries": 2048, "query": 2048, "url": 8192, "prompt": 4096, "tbs": 200}
 
 
 class ArgumentError(ValueError):
@@ -124,6 +127,10 @@ def _check_keys(tool: str, args: dict[str, Any], allowed: tuple[str, ...]) -> No
 def _text(tool: str, key: str, value: Any) -> str:
     if not isinstance(value, str) or not value.strip():
         raise ArgumentError(f"{tool}: {key!r} must be a non-empty string; got {value!r}")
+    limit = MAX_CHARS.get(key.split("[", 1)[0])
+    if limit is not None and len(value.strip()) > limit:
+        raise ArgumentError(f"{tool}: {key!r} is {len(value.strip())} characters long; at most {limit} are allowed "
+                            f"(got {value[:80]!r}…)")
     return value.strip()
 
 

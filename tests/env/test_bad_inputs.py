@@ -130,3 +130,13 @@ def test_parser_limits():
     assert parsing.parse_tool_call(strict).arguments["queries"][0] == "x" * 100_000
     with pytest.raises(parsing.FormatError, match="nests too deeply"):
         parsing.parse_tool_call('{"name": "a", "arguments": ' + "[" * 3000 + "]" * 3000 + "}")
+
+
+def test_reset_names_a_malformed_task(tool_env_with_image):
+    e, _ = tool_env_with_image
+    with pytest.raises(TypeError, match="reset needs an env.Task; got dict"):
+        e.reset({"id": "t", "prompt": "x"})
+    with pytest.raises(TypeError, match="task 't2': prompt must be a str; got NoneType"):
+        e.reset(env.Task("t2", None))
+    with pytest.raises(TypeError, match="task 't3': metadata must be a mapping or None; got list"):
+        e.reset(env.Task("t3", "x", metadata=["today"]))
