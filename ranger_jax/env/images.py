@@ -255,7 +255,8 @@ def check_bbox(bbox: object, *, width: int, height: int, min_side: int = DEFAULT
         raise ValueError(f"bbox values must be finite; got {bbox!r}")
     x0, y0, x1, y1 = values
     if min(values) < 0.0 or max(values) > 1.0:
-        hint = " (it looks like pixels or a 0-1000 grid; divide by the image size or by 1000)" if max(values) > 1.0 else ""
+        hint = (" (it looks like pixels or a 0-1000 grid; divide by the image size or by 1000)"
+                if max(values) > 1.0 else "")
         raise ValueError(f"bbox {list(bbox)} is outside [0, 1]; coordinates are fractions of width and height{hint}")
     if x1 <= x0 or y1 <= y0:
         raise ValueError(f"bbox {list(bbox)} is empty or inverted; need x0 < x1 and y0 < y1")

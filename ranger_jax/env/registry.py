@@ -86,7 +86,8 @@ def make(name: str | os.PathLike, **options: Any) -> tool_env.ToolEnv:
         env_values.update(env_file.env)
         rewards.update(env_file.rewards)
     else:
-        raise ValueError(f"unknown environment {name!r}; use one of {sorted(BACKENDS)} or a path to an envs/*.toml file")
+        raise ValueError(f"unknown environment {name!r}; use one of {sorted(BACKENDS)} or a path to an "
+                         "envs/*.toml file")
     for key, value in options.items():
         known = False
         if key in spec.keys:
@@ -97,7 +98,8 @@ def make(name: str | os.PathLike, **options: Any) -> tool_env.ToolEnv:
             rewards[key], known = value, True
         if not known:
             raise ValueError(f"{where}: unknown option {key!r}; backend {backend!r} takes {list(spec.keys)}, "
-                             f"the env takes {list(config_lib.ENV_KEYS)}, rewards take {sorted(config_lib.REWARD_KEYS)}")
+                             f"the env takes {list(config_lib.ENV_KEYS)}, "
+                             f"rewards take {sorted(config_lib.REWARD_KEYS)}")
     for key in spec.keys:  # shared keys (e.g. max_image_bytes) reach both sides
         if key in config_lib.ENV_KEYS and key in env_values and key not in backend_options:
             backend_options[key] = env_values[key]

@@ -215,7 +215,8 @@ class WebFetcher:
             async with asyncio.timeout(self.timeout_s):
                 response = await self._jina.arequest("GET", url, headers={"X-Return-Format": "markdown"})
         except TimeoutError as err:
-            raise base.BackendError(f"reading {url} through {self.jina_base_url} timed out after {self.timeout_s:g} s") from err
+            raise base.BackendError(f"reading {url} through {self.jina_base_url} timed out after "
+                                    f"{self.timeout_s:g} s") from err
         except http.ClientError as err:
             raise base.BackendError(f"Jina reader failed for {url}: {err}") from err
         text = response.text
@@ -232,7 +233,8 @@ class WebFetcher:
             return base.Page(url=final_url, title="", text=response.text.strip())
         if media.startswith("image/"):
             raise transport.PermanentFetchError(f"{url} is an image ({media}), not a page")
-        raise transport.PermanentFetchError(f"{url} has content-type {media or '(none)'!r}, which cannot be read as text")
+        raise transport.PermanentFetchError(f"{url} has content-type {media or '(none)'!r}, which cannot be read as "
+                                            "text")
 
     async def fetch_image(self, url: str, *, page_url: str | None = None) -> base.FetchedImage:
         """The encoded bytes of the image at `url` (content type image/*, size within limits).

@@ -120,8 +120,9 @@ def test_malformed_result_rows_are_skipped_or_cleaned():
                                         "imageWidth": "wide", "imageHeight": 1e400, "position": 2.0}]
     with LoopbackServer() as srv:
         body = json.dumps({"organic": rows, "images": rows}).replace("1e400", "Infinity")
-        srv.route("POST", "/search", lambda req: Reply(body=body.encode(), headers={"Content-Type": "application/json"}))
-        srv.route("POST", "/images", lambda req: Reply(body=body.encode(), headers={"Content-Type": "application/json"}))
+        reply = Reply(body=body.encode(), headers={"Content-Type": "application/json"})
+        srv.route("POST", "/search", lambda req: reply)
+        srv.route("POST", "/images", lambda req: reply)
         hits = run(client(srv).search("q"))
         images = run(client(srv).images("q"))
     assert hits == [base.TextHit(title="ok", url="https://a.org/x", snippet="s", date=None, position=4)]

@@ -149,7 +149,8 @@ def test_expert_reads_the_launch_article_even_when_the_variant_is_a_launch_word(
     # "Official" is the variant's name here, not a sign of an official launch article
     prompt = "Show the Quorktres Series Official match ball that was revealed a few weeks ago on the centre circle."
     results = ("<tool_response>\n--- search result for [Quorktres Series Official] ---\n"
-               "1. [Fans react to the Quorktres Series 2025 Official match ball](https://a.sim/news/fans) (2025-02-19)\n"
+               "1. [Fans react to the Quorktres Series 2025 Official match ball](https://a.sim/news/fans) "
+               "(2025-02-19)\n"
                "We went to the penalty spot to see it up close.\n"
                "2. [Quorktres Series reveals 2025 Official and Final match balls](https://b.sim/news/reveals) "
                "(2025-02-07)\nQuorktres Series today revealed its 2025 match balls.\n"
