@@ -5,7 +5,10 @@ is new since the row's last turn — the closing of the previous assistant turn,
 images (their pixels go through the vision tower once) and the generation prompt — and the sampler continues
 from the cached history: nothing is re-run or re-tokenized. Turns of different episodes that are waiting at
 the same time run as one batched `append` + `generate` call in a worker thread, so tool calls and other
-episodes keep going on the event loop meanwhile.
+episodes keep going on the event loop meanwhile. Before a call starts, the policy waits up to `batch_wait_s`
+for the turns of every other episode holding a row (one still rendering its observation or running a tool
+call): a batch costs about the same with one row as with all, so launching early would make the latecomers
+wait a whole call.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from ranger_jax import sampling
 from ranger_jax.rollout import policy as policy_lib
 
 log = logging.getLogger(__name__)
+
+DEFAULT_BATCH_WAIT_S = 0.05  # longest wait for stragglers before a batched call (a decode call takes ~seconds)
 
 
 @dataclasses.dataclass
@@ -73,20 +78,27 @@ class SamplerPolicy:
         name: label recorded on trajectories.
         policy_version: version recorded on every turn; `update_weights` advances it.
         capacity: initial cache slots per row (the cache doubles when needed).
+        batch_wait_s: how long a batch may wait for the turns of the other episodes that hold rows (0: never).
     """
 
     token_exact = True
     has_logprobs = True
 
     def __init__(self, sampler: sampling.Sampler, *, num_rows: int = 8, name: str = "jax", policy_version: int = 0,
-                 capacity: int | None = None):
+                 capacity: int | None = None, batch_wait_s: float = DEFAULT_BATCH_WAIT_S):
+        if not batch_wait_s >= 0:
+            raise ValueError(f"batch_wait_s must be >= 0; got {batch_wait_s!r}")
         self.sampler, self.name, self.policy_version = sampler, name, policy_version
+        self.batch_wait_s = float(batch_wait_s)
         self.session = sampler.new_session(num_rows, capacity=capacity)
         self._rows: dict[str, int] = {}  # rid -> row
         self._free = list(range(num_rows))
         self._dirty: set[int] = set()  # rows to empty before their next use (done on the worker thread)
-        self._row_freed: asyncio.Condition | None = None
         self._pending: list[_Pending] = []
+        self._batch: list[_Pending] = []  # the turns of the sampler call running now
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop the two primitives below belong to
+        self._row_freed: asyncio.Condition | None = None
+        self._arrived: asyncio.Event | None = None  # set when a turn is queued or a row released
         self._driver: asyncio.Task | None = None
         self.num_batches = 0  # batched sampler calls made (for monitoring)
 
@@ -102,11 +114,17 @@ class SamplerPolicy:
         self.sampler.update_weights(model)
         self.policy_version = policy_version
 
+    def _bind_loop(self) -> None:
+        """asyncio primitives belong to one event loop: make fresh ones when the policy is used from another
+        (each `runner.run` is its own `asyncio.run`)."""
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            self._loop, self._row_freed, self._arrived = loop, asyncio.Condition(), asyncio.Event()
+
     async def _row(self, rid: str) -> int:
         if rid in self._rows:
             return self._rows[rid]
-        if self._row_freed is None:
-            self._row_freed = asyncio.Condition()
+        self._bind_loop()
         async with self._row_freed:
             await self._row_freed.wait_for(lambda: bool(self._free))
             row = self._free.pop(0)
@@ -122,6 +140,7 @@ class SamplerPolicy:
         row = await self._row(request.rid)
         future = asyncio.get_running_loop().create_future()
         self._pending.append(_Pending(row, request, future))
+        self._signal()
         if self._driver is None or self._driver.done():
             self._driver = asyncio.ensure_future(self._drive())
         completion, batch_size = await future
@@ -129,16 +148,50 @@ class SamplerPolicy:
                                      finish_reason=completion.finish_reason, policy_version=self.policy_version,
                                      info={"batch_size": batch_size})
 
+    def _signal(self) -> None:
+        if self._arrived is not None and self._loop is asyncio.get_running_loop():
+            self._arrived.set()
+
+    async def _await_stragglers(self) -> None:
+        """Waits (at most `batch_wait_s`) until every row held by an episode has a turn queued."""
+        self._bind_loop()
+        deadline = self._loop.time() + self.batch_wait_s
+        while len({item.row for item in self._pending}) < len(self._rows):
+            remaining = deadline - self._loop.time()
+            if remaining <= 0:
+                return
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), remaining)
+            except asyncio.TimeoutError:
+                return
+
     async def _drive(self) -> None:
-        """Runs the waiting turns as batches until none is left."""
+        """Runs the waiting turns as batches until none is left; if the driver itself dies (cancelled with its
+        loop), every turn still waiting learns why instead of hanging."""
+        try:
+            await self._drive_batches()
+        except BaseException as err:
+            waiting, self._pending, self._batch = self._batch + self._pending, [], []
+            for item in waiting:
+                if not item.future.done():
+                    item.future.set_exception(err if isinstance(err, Exception) else
+                                              RuntimeError(f"sampler driver stopped: {err!r}"))
+            raise
+
+    async def _drive_batches(self) -> None:
         while self._pending:
-            batch, self._pending = self._pending, []
+            if self.batch_wait_s > 0:
+                await self._await_stragglers()
+            self._batch, self._pending = self._pending, []
+            batch = self._batch
             dirty, self._dirty = sorted(self._dirty), set()  # taken here, on the loop thread `release` runs on
             try:
                 results = await asyncio.to_thread(self._run_batch, batch, dirty)
             except Exception as err:  # noqa: BLE001 — the sampler failed for the whole batch: every turn learns why
                 results = [err] * len(batch)
                 self._dirty.update(dirty)
+            self._batch = []
             self.num_batches += 1
             for item, result in zip(batch, results):
                 if item.future.done():
@@ -176,7 +229,8 @@ class SamplerPolicy:
             return
         self._dirty.add(row)
         self._free.append(row)
-        if self._row_freed is not None:
+        self._signal()  # one row fewer to wait for
+        if self._row_freed is not None and self._loop is asyncio.get_running_loop():
             async with self._row_freed:
                 self._row_freed.notify()
 

@@ -127,3 +127,51 @@ def test_rows_wait_free_and_weights_update(tiny_sampler, tiny_renderer, tiny_che
     finally:
         tiny_sampler.update_weights(qwen3_vl.load(tiny_checkpoint))
     assert again.policy_version == 3 and not np.array_equal(again.logprobs, a.logprobs)
+
+
+def test_batches_wait_for_stragglers_and_survive_new_event_loops(tiny_sampler, tiny_renderer):
+    """A turn that arrives a moment late joins the batch instead of waiting a whole call; the policy (its rows,
+    queue and asyncio primitives) keeps working when reused from another event loop, rows contended."""
+    tok = tiny_renderer.tokenizer
+
+    def request(rid, turn, ids):
+        return policy.TurnRequest(rid=rid, turn=turn, prompt_ids=np.asarray(ids, np.int32), new_images=(),
+                                  max_new_tokens=3, sampling=policy.SamplingParams(temperature=0.0),
+                                  stop_token_ids=(tok.im_end_id,), seed=turn, state=None)
+
+    def follow_up(ids, generated):
+        closing = [] if generated.token_ids[-1] == tok.im_end_id else [tok.im_end_id]
+        tail = tiny_renderer.render_user("go on") + tiny_renderer.generation_prompt()
+        return np.concatenate([ids, generated.token_ids, closing, tiny_renderer.assistant_suffix().ids, tail.ids])
+
+    async def two_turns(pol, late_s):
+        starts = {rid: (tiny_renderer.render_user(f"task {rid}") + tiny_renderer.generation_prompt()).ids
+                  for rid in ("a", "b")}
+        first = dict(zip("ab", await asyncio.gather(*[pol.generate(request(r, 0, ids)) for r, ids in starts.items()])))
+
+        async def second(rid, delay):
+            await asyncio.sleep(delay)  # e.g. a slower tool call or image preparation
+            return await pol.generate(request(rid, 1, follow_up(starts[rid], first[rid])))
+
+        before = pol.num_batches
+        out = await asyncio.gather(second("a", 0.0), second("b", late_s))
+        for rid in "ab":
+            await pol.release(rid)
+        return [g.info["batch_size"] for g in out], pol.num_batches - before
+
+    waiting = sampler_policy.SamplerPolicy(tiny_sampler, num_rows=ROWS, capacity=CAPACITY, batch_wait_s=5.0)
+    assert asyncio.run(two_turns(waiting, 0.05)) == ([2, 2], 1)
+    eager = sampler_policy.SamplerPolicy(tiny_sampler, num_rows=ROWS, capacity=CAPACITY, batch_wait_s=0.0)
+    assert asyncio.run(two_turns(eager, 0.05)) == ([1, 1], 2)
+
+    async def contended():  # three episodes on two rows: one waits for a release
+        async def one(rid):
+            ids = (tiny_renderer.render_user(f"task {rid}") + tiny_renderer.generation_prompt()).ids
+            generated = await waiting.generate(request(rid, 0, ids))
+            await waiting.release(rid)
+            return generated.token_ids.tolist()
+        return await asyncio.wait_for(asyncio.gather(*[one(rid) for rid in "xyz"]), timeout=120)
+
+    assert asyncio.run(contended()) == asyncio.run(contended())  # a second loop: no "bound to a different loop"
+    with pytest.raises(ValueError, match="batch_wait_s must be >= 0; got -1"):
+        sampler_policy.SamplerPolicy(tiny_sampler, num_rows=1, batch_wait_s=-1)
