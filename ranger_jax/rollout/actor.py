@@ -184,6 +184,9 @@ def run_actor(tool_env: env_lib.ToolEnv, policy: policy_lib.Policy, tasks: Seque
 def load_task_file(path: str | os.PathLike) -> list[core.Task]:
     """Tasks from a JSONL file of `{"id", "prompt", "gt_image"?, "meta"?, "today"?}` rows (KnowGen-Bench items).
 
+    A relative `gt_image` (or legacy `gen_image`) path resolves against the file's folder, as KnowGen resolves
+    its image paths against its JSON's folder; URLs and absolute paths are kept as they are.
+
     Raises:
         ValueError: a row that is not an object or lacks `id`/`prompt`, naming the file and line.
     """
@@ -201,6 +204,9 @@ def load_task_file(path: str | os.PathLike) -> list[core.Task]:
         if row.get("today"):
             metadata["today"] = row["today"]
         truth = row.get("gt_image", row.get("gen_image"))
+        if isinstance(truth, str) and truth.strip() and "://" not in truth and not truth.startswith("data:") \
+                and not Path(truth).is_absolute():
+            truth = str(Path(path).parent / truth)
         tasks.append(core.Task(str(row["id"]), row["prompt"], ground_truth=truth, metadata=metadata))
     return tasks
 

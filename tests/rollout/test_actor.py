@@ -108,10 +108,14 @@ def test_build_policy(tiny_checkpoint, tiny_renderer, the_world, sim_env):
 def test_load_task_file(tmp_path):
     path = tmp_path / "tasks.jsonl"
     path.write_text('{"id": 7, "prompt": "Draw it", "gt_image": "gt/7.png", "meta": {"category": "Biology"}}\n\n'
-                    '{"id": "b", "prompt": "Again", "today": "2026-01-02"}\n')
-    first, second = actor.load_task_file(path)
-    assert (first.id, first.ground_truth, first.metadata) == ("7", "gt/7.png", {"category": "Biology"})
+                    '{"id": "b", "prompt": "Again", "today": "2026-01-02"}\n'
+                    '{"id": "c", "prompt": "Web", "gen_image": "https://x.example/c.png"}\n'
+                    '{"id": "d", "prompt": "Abs", "gt_image": "/data/d.png"}\n')
+    first, second, web, absolute = actor.load_task_file(path)
+    # a relative GT path resolves against the task file's folder, whatever the working directory
+    assert (first.id, first.ground_truth, first.metadata) == ("7", str(tmp_path / "gt/7.png"), {"category": "Biology"})
     assert second.metadata == {"today": "2026-01-02"} and second.ground_truth is None
+    assert (web.ground_truth, absolute.ground_truth) == ("https://x.example/c.png", "/data/d.png")
     path.write_text('{"prompt": "no id"}\n')
     with pytest.raises(ValueError, match=r"tasks.jsonl:1: a task row needs 'id' and a string 'prompt'"):
         actor.load_task_file(path)
