@@ -8,6 +8,7 @@ from scipy.special import log_softmax
 from support.sglang_server import SGLangSamplerServer
 
 from ranger_jax.clients import sglang
+from ranger_jax.data import viewer
 from ranger_jax.env import core
 from ranger_jax.models import qwen3_vl
 from ranger_jax.rollout import actor, policy, runner, sampler_policy, scoring, sglang_policy
@@ -57,6 +58,9 @@ def test_tiny_random_policy_gives_valid_trajectories_with_named_terminations(ran
     batch_sizes = {turn["policy"]["batch_size"] for t in trajectories for turn in t.metadata["turns"]}
     assert 2 in batch_sizes  # turns of different episodes ran as one sampler call
     assert pol.num_batches < sum(len(t.metadata["turns"]) for t in trajectories)
+    page = viewer.render_html(trajectories)  # no images, no answer, no generation: the page still says so
+    assert page.count("(no generation)") == page.count("(no answer)") == 4 and "data:image/png" not in page
+    assert page.count("zero: ") == 4
 
 
 def test_recorded_logprobs_are_the_models_on_the_recorded_tokens(random_groups, tiny_checkpoint):
