@@ -249,8 +249,9 @@ async def _loop(env: tool_env.ToolEnv, policy: policy_lib.Policy, ep: _Episode, 
 def _observation_segment(ep: _Episode, state: tool_env.EnvState, observation: core.Observation
                          ) -> tuple[tuple[sequence.PreparedImage, ...], chat.Rendered]:
     """The observation's images prepared (through the run's cache) and its user turn rendered around them."""
-    prepared = tuple(ep.cache.images.prepare(o.image, ep.config.vision, key=state.images[o.img_id].sha256,
-                                             img_id=o.img_id, parent_id=state.images[o.img_id].parent_id)
+    prepared = tuple(ep.cache.images.prepare(lambda o=o: o.image, ep.config.vision,  # decoded only on a miss
+                                             key=state.images[o.img_id].sha256, img_id=o.img_id,
+                                             parent_id=state.images[o.img_id].parent_id)
                      for o in observation.images)
     return prepared, ep.renderer.render_user(observation.text, images_grid_thw=[p.grid_thw for p in prepared])
 

@@ -15,7 +15,7 @@ import collections
 import dataclasses
 import io
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from PIL import Image
@@ -109,6 +109,10 @@ def _nbytes(prepared: PreparedImage) -> int:
     return prepared.pixel_values.nbytes + len(prepared.png) + 3 * width * height
 
 
+def _pixels(image: Image.Image | Callable[[], Image.Image]) -> Image.Image:
+    return image if isinstance(image, Image.Image) else image()
+
+
 class _InFlight:
     """An image one thread is preparing; others with the same key wait for it instead of repeating the work."""
 
@@ -162,16 +166,17 @@ class PreparedImageCache:
                     _, dropped = self._entries.popitem(last=False)
                     self._bytes -= _nbytes(dropped)
 
-    def prepare(self, image: Image.Image, settings: VisionSettings, *, key: str, img_id: str | None = None,
-                parent_id: str | None = None) -> PreparedImage:
+    def prepare(self, image: Image.Image | Callable[[], Image.Image], settings: VisionSettings, *, key: str,
+                img_id: str | None = None, parent_id: str | None = None) -> PreparedImage:
         """`prepare_image(image, settings, …)`, reusing the work of an earlier or concurrent call with the same key.
 
         Args:
+            image: the pixels, or a loader called only when they must be prepared (a hit decodes nothing).
             key: a digest of `image`'s pixels (e.g. `ImageRecord.sha256`); equal keys must mean equal pixels.
         """
         if self.max_bytes == 0:
             self.misses += 1
-            return prepare_image(image, settings, img_id=img_id, parent_id=parent_id)
+            return prepare_image(_pixels(image), settings, img_id=img_id, parent_id=parent_id)
         entry_key = (key, settings)
         cached, flight, owner = self._lookup(entry_key)
         if cached is None and not owner:
@@ -184,7 +189,7 @@ class PreparedImageCache:
             return dataclasses.replace(cached, img_id=img_id, parent_id=parent_id)
         prepared = None
         try:
-            prepared = prepare_image(image, settings, img_id=img_id, parent_id=parent_id)
+            prepared = prepare_image(_pixels(image), settings, img_id=img_id, parent_id=parent_id)
             self._store(entry_key, prepared)
             return prepared
         finally:

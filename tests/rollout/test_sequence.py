@@ -94,3 +94,16 @@ def test_concurrent_requests_for_one_image_prepare_it_once():
     with pytest.raises(ValueError, match="aspect ratio"):
         cache.prepare(noisy((2000, 4)), SETTINGS, key="strip")
     assert cache.misses == 3
+
+
+def test_a_cache_hit_never_loads_the_pixels():
+    cache = sequence.PreparedImageCache()
+    loads = []
+
+    def loader():
+        loads.append(1)
+        return noisy((100, 70))
+
+    first = cache.prepare(loader, SETTINGS, key="lazy")
+    second = cache.prepare(loader, SETTINGS, key="lazy", img_id="IMG_002")
+    assert len(loads) == 1 and second.png == first.png and second.img_id == "IMG_002"
