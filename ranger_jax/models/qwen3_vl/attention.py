@@ -17,6 +17,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from ranger_jax.models.qwen3_vl import attention_blocked
+
 
 class MaskInfo(NamedTuple):
     """Causal + key-padding mask, as slots (a pytree, so it passes through jit)."""
@@ -68,4 +70,5 @@ def einsum_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask_info: MaskIn
     return jnp.einsum("BKGTS,BSKH->BTKGH", probs, v)
 
 
-KERNELS = {"einsum": einsum_attention}
+# "blocked" (attention_blocked.py) skips key blocks no query of a block can see and never builds [T, S] scores
+KERNELS = {"einsum": einsum_attention, "blocked": attention_blocked.blocked_attention}

@@ -166,7 +166,7 @@ def checkpoint_files(path: Path) -> dict[str, SafetensorsFile]:
 
 
 def load(path: str | os.PathLike, *, dtype: Any = jnp.float32, mesh: jax.sharding.Mesh | None = None,
-         param_dtype: Any = None, remat: str = "none", attention: str = "einsum",
+         param_dtype: Any = None, remat: str = "none", attention: str = "blocked",
          sharding_rules: str = "train") -> model_lib.Qwen3VL:
     """Loads an HF Qwen3-VL checkpoint directory, each tensor straight into its sharding.
 

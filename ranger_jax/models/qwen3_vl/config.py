@@ -215,7 +215,7 @@ class Qwen3VLConfig:
     dtype: str = "float32"  # compute dtype, a key of DTYPES; norms, softmax and logits always run in float32
     param_dtype: str = "float32"  # storage dtype of parameters, a key of DTYPES
     remat: str = "none"  # a key of REMAT_POLICIES, applied per decoder layer and vision block
-    attention: str = "einsum"  # a key of attention.KERNELS for the text decoder
+    attention: str = "blocked"  # a key of attention.KERNELS for the text decoder ("blocked": fastest, any mask)
     sharding_rules: str = "train"  # a key of parallel.rules.PRESETS: logical axis -> mesh axes
 
     def __post_init__(self):

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+
 class Init(NamedTuple):
     """How a parameter is initialised; kept as `initializer` metadata so `init` can redraw it on the host."""
 
@@ -61,7 +62,13 @@ class Linear(nnx.Module):
         self.bias = param(rngs, ZEROS, out_shape, out_names, param_dtype) if use_bias else None
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        y = jnp.tensordot(x.astype(self.dtype), self.weight[...].astype(self.dtype), axes=self.num_in_dims)
+        weight = self.weight[...].astype(self.dtype)
+        in_shape = weight.shape[:self.num_in_dims]
+        lead = x.shape[:x.ndim - self.num_in_dims]
+        # leading axes flattened to one row axis: the weight gradient then contracts a single axis, which XLA:CPU
+        # runs as one GEMM; contracting several leading axes makes it copy a transposed activation first
+        y = jnp.tensordot(x.astype(self.dtype).reshape(-1, *in_shape), weight, axes=self.num_in_dims)
+        y = y.reshape(*lead, *y.shape[1:])
         if self.bias is not None:
             y = y + self.bias[...].astype(self.dtype)
         return y

@@ -170,17 +170,19 @@ class Qwen3VL(nnx.Module):
         """(c) The decoder stack with explicit positions and mask; see `text.TextModel.__call__`."""
         return self.model.language_model(inputs_embeds, positions, mask_info, deepstack_embeds, caches)
 
-    def compute_logits(self, hidden: jax.Array) -> jax.Array:
-        """(d) hidden: [B, T, D] -> logits [B, T, V] float32 (tied head: `embed_tokens.weight` transposed)."""
+    def head_weight(self) -> jax.Array:
+        """The LM head as [D, V] in the compute dtype (tied head: `embed_tokens.weight` transposed)."""
         dtype = self.config.compute_dtype
+        if self.lm_head is None:
+            return self.model.language_model.embed_tokens.weight[...].astype(dtype).T
+        return self.lm_head.weight[...].astype(dtype)
+
+    def compute_logits(self, hidden: jax.Array) -> jax.Array:
+        """(d) hidden: [B, T, D] -> logits [B, T, V] float32."""
         with rules.use_rules(self.config.sharding_rules), jax.named_scope("lm_head"):
-            if self.lm_head is None:
-                table = self.model.language_model.embed_tokens.weight[...].astype(dtype)
-                logits = jnp.einsum("BTD,VD->BTV", hidden.astype(dtype), table, preferred_element_type=jnp.float32)
-            else:
-                weight = self.lm_head.weight[...].astype(dtype)
-                logits = jnp.einsum("BTD,DV->BTV", hidden.astype(dtype), weight, preferred_element_type=jnp.float32)
-            return constrain(logits, "batch", "seq", "vocab")
+            rows = hidden.astype(self.config.compute_dtype).reshape(-1, hidden.shape[-1])  # [B*T, D]: see Linear
+            logits = jnp.einsum("TD,DV->TV", rows, self.head_weight(), preferred_element_type=jnp.float32)
+            return constrain(logits.reshape(*hidden.shape[:-1], -1), "batch", "seq", "vocab")
 
     def __call__(self, input_ids: jax.Array, *, attention_mask: jax.Array | None = None,
                  pixel_values: jax.Array | None = None, image_grid_thw: jax.Array | None = None) -> jax.Array:
@@ -208,7 +210,15 @@ class Qwen3VL(nnx.Module):
 
     def forward(self, input_ids: jax.Array, attention_mask: jax.Array | None = None,
                 pixel_values: jax.Array | None = None, image_grid_thw: jax.Array | None = None) -> jax.Array:
-        """The traceable body of `__call__` (no host checks): positions, images, merge, decoder, logits."""
+        """The traceable body of `__call__` (no host checks): `compute_logits(hidden_states(...))`."""
+        return self.compute_logits(self.hidden_states(input_ids, attention_mask, pixel_values, image_grid_thw))
+
+    def hidden_states(self, input_ids: jax.Array, attention_mask: jax.Array | None = None,
+                      pixel_values: jax.Array | None = None, image_grid_thw: jax.Array | None = None) -> jax.Array:
+        """Final-norm hidden states [B, T, D] of a padded batch (positions, images, merge, decoder; no head).
+
+        Same inputs as `__call__`, unchecked; a loss that fuses the head (`loss.causal_lm_loss`) starts here.
+        """
         input_ids = jnp.asarray(input_ids)
         batch, length = input_ids.shape
         image_embeds = deepstack = None
@@ -221,7 +231,7 @@ class Qwen3VL(nnx.Module):
         embeds, deepstack_embeds = self.embed(input_ids, image_embeds, deepstack)
         mask_info = attention.causal_mask_info(attention_mask, batch, length)
         hidden, _ = self.decode(embeds, positions, mask_info, deepstack_embeds)
-        return self.compute_logits(hidden)
+        return hidden
 
 
 _jitted_forward = nnx.jit(Qwen3VL.forward)

@@ -110,7 +110,7 @@ def _vision(**changes) -> VisionConfig:
     (lambda: Qwen3VLConfig.tiny(remat="everything"), r"remat='everything' is not supported; known values: \["
                                                      r"'dots_saveable', 'dots_with_no_batch_dims_saveable', 'full', "
                                                      r"'none'\]"),
-    (lambda: Qwen3VLConfig.tiny(attention="splash"), r"attention='splash' is not supported; known values: \['einsum'\]"),
+    (lambda: Qwen3VLConfig.tiny(attention="splash"), r"attention='splash' is not supported; known values: \['blocked', 'einsum'\]"),
     (lambda: Qwen3VLConfig.tiny(sharding_rules="serve"), r"sharding_rules='serve' is not supported; known values: "
                                                          r"\['sample', 'train'\]"),
     (lambda: dataclasses.replace(Qwen3VLConfig.tiny(), vision_config=_vision(out_hidden_size=48)),

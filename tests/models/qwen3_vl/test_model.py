@@ -31,6 +31,14 @@ def test_logits_match_transformers_with_images(checkpoints, image_batch, name):
     assert _max_diff(logits, ref, batch["attention_mask"]) <= ATOL
 
 
+def test_einsum_kernel_logits_match_transformers(checkpoints, image_batch):
+    case = checkpoints("scaled_8b")
+    batch = image_batch(case.config)
+    model = load(case.path, attention="einsum")
+    logits = model(batch["input_ids"], **tiny_hf.jax_inputs(batch))
+    assert _max_diff(logits, tiny_hf.hf_logits(case.hf, batch), batch["attention_mask"]) <= ATOL
+
+
 @pytest.mark.parametrize("name", ["scaled_8b", "tied", "jax_stack"])
 def test_logits_match_transformers_text_only(checkpoints, text_batch, name):
     case = checkpoints(name)
@@ -135,10 +143,12 @@ _decode = nnx.jit(lambda m, embeds, positions, mask_info, deepstack, caches: m.d
 _rope_index = jax.jit(get_rope_index, static_argnames=("image_token_id", "spatial_merge_size"))
 
 
-def test_kv_cache_decode_matches_full_forward(checkpoints):
+@pytest.mark.parametrize("kernel", ["blocked", "einsum"])
+def test_kv_cache_decode_matches_full_forward(checkpoints, kernel):
     """Prefill all but the last token into a cache, decode the last one: same logits as the full forward."""
     case = checkpoints("scaled_8b")
-    model, config = case.model, case.config
+    model = case.model if kernel == case.model.config.attention else load(case.path, attention=kernel)
+    config = model.config
     t = config.text_config
     batch = tiny_hf.make_batch(config, [[2, (4, 4), 3], [5]], padding_side=["right", "left"], seed=5)
     ids, mask, grid = batch["input_ids"], batch["attention_mask"], batch["image_grid_thw"]
