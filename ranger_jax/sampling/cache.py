@@ -23,7 +23,7 @@ from ranger_jax.models.qwen3_vl import config as config_lib
 from ranger_jax.models.qwen3_vl import text
 from ranger_jax.parallel import rules
 
-CACHE_AXES = ("batch", "kv_seq", "kv_heads", "head_dim")  # [B, S, K, H]
+CACHE_AXES = ("batch", "kv_heads", "kv_seq", "head_dim")  # [B, K, S, H] (text.KVCache)
 ROW_AXES = ("batch",)  # [B]
 LOGITS_AXES = ("batch", "vocab")  # [B, V]
 
@@ -46,7 +46,7 @@ class Session:
     """Per-sequence state of a batch of conversations; the `Sampler` updates it in place.
 
     Device state (donated to the sampler's compiled calls; never hold on to these arrays across calls):
-        caches: one `text.KVCache` per decoder layer, key/value [B, S, K, H].
+        caches: one `text.KVCache` per decoder layer, key/value [B, K, S, H].
         lengths: [B] int32 cache slots used by each row (= tokens so far).
         next_positions: [B] int32 one past the largest MRoPE position of each row.
         last_logits: [B, V] float32 logits of the token after each row's last token.
@@ -74,7 +74,7 @@ class Session:
     @property
     def capacity(self) -> int:
         """S, cache slots per row."""
-        return int(self.caches[0].key.shape[1])
+        return int(self.caches[0].key.shape[2])
 
     def num_tokens(self, row: int) -> int:
         """Tokens (= cache slots) held by `row`."""
@@ -106,7 +106,7 @@ def new_session(config: config_lib.Qwen3VLConfig, num_rows: int, *, batch_size: 
                 mesh: jax.sharding.Mesh | None = None) -> Session:
     """An empty session of `batch_size` rows (>= num_rows) with `capacity` slots per row, placed on `mesh`."""
     t = config.text_config
-    shape = (batch_size, capacity, t.num_key_value_heads, t.head_dim)
+    shape = (batch_size, t.num_key_value_heads, capacity, t.head_dim)
     target = sharding(mesh, CACHE_AXES, shape)
 
     def zeros():
@@ -130,10 +130,11 @@ def grow(session: Session, capacity: int) -> None:
     extra = capacity - session.capacity
     if extra <= 0:
         return
-    target = sharding(session.mesh, CACHE_AXES, (session.batch_size, capacity, *session.caches[0].key.shape[2:]))
+    batch, heads, _, head_dim = session.caches[0].key.shape
+    target = sharding(session.mesh, CACHE_AXES, (batch, heads, capacity, head_dim))
 
     def widen(x):
-        wider = jnp.pad(x, ((0, 0), (0, extra), (0, 0), (0, 0)))
+        wider = jnp.pad(x, ((0, 0), (0, 0), (0, extra), (0, 0)))
         return jax.device_put(wider, target) if target is not None else wider
 
     session.caches = tuple(text.KVCache(key=widen(c.key), value=widen(c.value)) for c in session.caches)

@@ -172,13 +172,13 @@ class Sampler:
 
     def _append_tokens(self, state, caches, lengths, next_positions, last_logits, input_ids, num_new, image_embeds,
                        deepstack, grid_thw):
-        self._count("append", input_ids.shape, caches[0].key.shape[1],
+        self._count("append", input_ids.shape, caches[0].key.shape[2],
                     None if image_embeds is None else image_embeds.shape[0])
         return steps.append(self._model(state), caches, lengths, next_positions, last_logits, input_ids, num_new,
                             image_embeds, deepstack, grid_thw)
 
     def _decode_tokens(self, state, caches, *rows, num_steps):
-        self._count("decode", caches[0].key.shape[:2], num_steps)
+        self._count("decode", (caches[0].key.shape[0], caches[0].key.shape[2]), num_steps)
         return steps.decode(self._model(state), caches, *rows, num_steps=num_steps)
 
     # ----- sessions -------------------------------------------------------------------------------------------------

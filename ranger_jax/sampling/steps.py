@@ -63,7 +63,7 @@ def append(model: model_lib.Qwen3VL, caches: Caches, lengths: jax.Array, next_po
 
     Args:
         model: the policy.
-        caches: per layer [B, S, K, H].
+        caches: per layer [B, K, S, H].
         lengths: [B] int32 slots used.
         next_positions: [B] int32.
         last_logits: [B, V] float32, kept for rows without new tokens.
@@ -84,7 +84,7 @@ def append(model: model_lib.Qwen3VL, caches: Caches, lengths: jax.Array, next_po
     embeds, deepstack_embeds = model.embed(input_ids, image_embeds, deepstack)
     query_slots = lengths[:, None] + jnp.arange(length, dtype=jnp.int32)[None, :]
     new_lengths = lengths + num_new
-    kv_valid = jnp.arange(caches[0].key.shape[1])[None, :] < new_lengths[:, None]
+    kv_valid = jnp.arange(caches[0].key.shape[2])[None, :] < new_lengths[:, None]
     hidden, caches = model.decode(embeds, positions, attention.MaskInfo(query_slots, kv_valid), deepstack_embeds,
                                   caches)
     last = jnp.take_along_axis(hidden, jnp.maximum(num_new - 1, 0)[:, None, None], axis=1)  # [B, 1, D]
@@ -118,7 +118,7 @@ def decode(model: model_lib.Qwen3VL, caches: Caches, lengths: jax.Array, next_po
         float32, counts [B] int32 tokens generated, stopped [B] bool finished by a stop id).
     """
     batch = lengths.shape[0]
-    slots = caches[0].key.shape[1]
+    slots = caches[0].key.shape[2]
 
     def step(carry):
         i, tokens, logprobs, done, stopped, caches, lengths, next_positions, logits = carry

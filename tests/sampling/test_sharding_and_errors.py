@@ -21,7 +21,7 @@ def test_sharded_sampler_matches_one_device(tiny, to_segments):
               SamplingParams(temperature=1.0, top_k=7, seed=4, max_new_tokens=10),
               SamplingParams(temperature=0.0, max_new_tokens=7, stop_token_ids=(2,))]
     session = sharded.new_session(4)
-    expected = NamedSharding(mesh, PartitionSpec(("data", "fsdp"), None, "tensor", None))  # [B, S, K, H]
+    expected = NamedSharding(mesh, PartitionSpec(("data", "fsdp"), "tensor", None, None))  # [B, K, S, H]
     assert session.caches[0].key.sharding.is_equivalent_to(expected, 4)
     sharded.append(session, prompts)
     out = sharded.generate(session, params)

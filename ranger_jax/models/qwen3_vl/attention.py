@@ -1,7 +1,7 @@
 """Causal GQA attention kernels for the text decoder, chosen by name through `KERNELS` (`Qwen3VLConfig.attention`).
 
 A kernel is `kernel(q, k, v, mask_info, *, scale) -> out` with
-`q: [B, T, K, G, H]`, `k, v: [B, S, K, H]`, `out: [B, T, K, G, H]` in the compute dtype. Query heads are grouped
+`q: [B, T, K, G, H]`, `k, v: [B, K, S, H]`, `out: [B, T, K, G, H]` in the compute dtype. Query heads are grouped
 under their key/value head (head n = k * G + g, as transformers' `repeat_kv`), so k/v are never repeated.
 
 `MaskInfo` describes the mask instead of materialising it: query t of row b sits in kv slot `query_slots[b, t]`
@@ -55,19 +55,23 @@ def einsum_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask_info: MaskIn
 
     Args:
         q: [B, T, K, G, H] queries, already rotated.
-        k: [B, S, K, H] keys, already rotated.
-        v: [B, S, K, H] values.
+        k: [B, K, S, H] keys, already rotated (heads-major, the KV-cache layout).
+        v: [B, K, S, H] values.
         mask_info: which slots each query may see.
         scale: multiplies q.k (head_dim ** -0.5).
 
     Returns:
         [B, T, K, G, H] in v's dtype. A query with no visible slot (a left pad) averages all slots instead of NaN.
     """
-    scores = jnp.einsum("BTKGH,BSKH->BKGTS", q, k, preferred_element_type=jnp.float32) * scale
-    visible = allowed(mask_info, k.shape[1])[:, None, None, :, :]  # [B, 1, 1, T, S]
+    # both matmuls batch over (B, K) with their operands in [rows, contracted] order, so XLA:CPU runs them as
+    # plain batched GEMMs; an output in [B, T, K, G, H] order would make it compute (PV)ᵀ through a slow path
+    q = q.transpose(0, 2, 3, 1, 4)  # [B, K, G, T, H]
+    scores = jnp.einsum("BKGTH,BKSH->BKGTS", q, k, preferred_element_type=jnp.float32) * scale
+    visible = allowed(mask_info, k.shape[2])[:, None, None, :, :]  # [B, 1, 1, T, S]
     scores = jnp.where(visible, scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    return jnp.einsum("BKGTS,BSKH->BTKGH", probs, v)
+    out = jnp.einsum("BKGTS,BKSH->BKGTH", probs, v)
+    return out.transpose(0, 3, 1, 2, 4)  # [B, T, K, G, H]
 
 
 # "blocked" (attention_blocked.py) skips key blocks no query of a block can see and never builds [T, S] scores

@@ -62,8 +62,8 @@ def _block_slots(query_slots: jax.Array, block: int, count: int) -> jax.Array:
 
 
 def _key_layout(x: jax.Array, size: int) -> jax.Array:
-    """[B, S, K, H] -> [B, K, S', H] with S padded to `size`."""
-    return _pad_axis(x, 1, size, 0).transpose(0, 2, 1, 3)
+    """[B, K, S, H] -> [B, K, S', H] with S padded to `size`."""
+    return _pad_axis(x, 2, size, 0)
 
 
 def _num_key_blocks(slots: jax.Array, block_k: int, num_blocks: int) -> jax.Array:
@@ -93,7 +93,7 @@ def _forward(q, k, v, query_slots, kv_valid, scale, block_q, block_k):
     """(out [B, T, K, G, H] in q's dtype, log-sum-exp [nq, B, K, bq*G] float32)."""
     length, groups = q.shape[1], q.shape[3]
     bq, nq = _blocks(length, block_q)
-    bk, nk = _blocks(k.shape[1], block_k)
+    bk, nk = _blocks(k.shape[2], block_k)
     keys, values = _key_layout(k, bk * nk), _key_layout(v, bk * nk)
     valid = _pad_axis(kv_valid.astype(bool), 1, bk * nk, False)
 
@@ -124,7 +124,7 @@ def _forward(q, k, v, query_slots, kv_valid, scale, block_q, block_k):
 def _backward(q, k, v, query_slots, kv_valid, out, lse, d_out, scale, block_q, block_k):
     """(dq, dk, dv) of `_forward`, recomputing block probabilities from the saved log-sum-exp."""
     length, groups = q.shape[1], q.shape[3]
-    num_slots = k.shape[1]
+    num_slots = k.shape[2]
     bq, nq = _blocks(length, block_q)
     bk, nk = _blocks(num_slots, block_k)
     keys, values = _key_layout(k, bk * nk), _key_layout(v, bk * nk)
@@ -159,8 +159,8 @@ def _backward(q, k, v, query_slots, kv_valid, out, lse, d_out, scale, block_q, b
     zeros = jnp.zeros(keys.shape, jnp.float32)
     (dk, dv), dq = jax.lax.scan(query_block, (zeros, zeros), inputs)
     dq = _unblock_queries(dq, length, groups).astype(q.dtype)
-    dk = dk.transpose(0, 2, 1, 3)[:, :num_slots].astype(k.dtype)
-    dv = dv.transpose(0, 2, 1, 3)[:, :num_slots].astype(v.dtype)
+    dk = dk[:, :, :num_slots].astype(k.dtype)
+    dv = dv[:, :, :num_slots].astype(v.dtype)
     return dq, dk, dv
 
 
@@ -189,8 +189,8 @@ def blocked_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask_info: Any, 
 
     Args:
         q: [B, T, K, G, H] queries, already rotated.
-        k: [B, S, K, H] keys, already rotated.
-        v: [B, S, K, H] values.
+        k: [B, K, S, H] keys, already rotated (heads-major, the KV-cache layout).
+        v: [B, K, S, H] values.
         mask_info: `attention.MaskInfo` (query_slots [B, T], kv_valid [B, S]).
         scale: multiplies q.k (head_dim ** -0.5).
         block_q: query tokens per block (T is padded up to a multiple; a shorter T is one block).

@@ -22,15 +22,16 @@ from ranger_jax.parallel.rules import constrain
 class KVCache(NamedTuple):
     """Keys and values of one decoder layer, by slot."""
 
-    key: jax.Array  # [B, S, K, H], rotated keys
-    value: jax.Array  # [B, S, K, H]
+    key: jax.Array  # [B, K, S, H], rotated keys, heads-major so attention reads them without a transpose
+    value: jax.Array  # [B, K, S, H]
 
 
 def write_cache(cache: KVCache, k: jax.Array, v: jax.Array, query_slots: jax.Array) -> KVCache:
-    """Writes `k, v: [B, T, K, H]` into `cache` at `query_slots: [B, T]`."""
+    """Writes `k, v: [B, T, K, H]` into `cache` ([B, K, S, H]) at `query_slots: [B, T]`."""
     rows = jnp.arange(k.shape[0])[:, None]
-    return KVCache(key=cache.key.at[rows, query_slots].set(k.astype(cache.key.dtype)),
-                   value=cache.value.at[rows, query_slots].set(v.astype(cache.value.dtype)))
+    # advanced indices around a slice: the indexed view is [B, T, K, H], the layout of k and v
+    return KVCache(key=cache.key.at[rows, :, query_slots].set(k.astype(cache.key.dtype)),
+                   value=cache.value.at[rows, :, query_slots].set(v.astype(cache.value.dtype)))
 
 
 class TextMLP(nnx.Module):
@@ -93,7 +94,9 @@ class TextAttention(nnx.Module):
         v = constrain(v, "batch", "seq", "kv_heads", "head_dim")
         if cache is not None:
             cache = write_cache(cache, k, v, mask_info.query_slots)
-            k, v = cache.key.astype(q.dtype), cache.value.astype(q.dtype)  # [B, S, K, H]
+            k, v = cache.key.astype(q.dtype), cache.value.astype(q.dtype)  # [B, K, S, H]
+        else:
+            k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, K, T, H], the kernels' layout
         batch, length, heads, head_dim = q.shape
         q = q.reshape(batch, length, heads // self.num_key_value_groups, self.num_key_value_groups, head_dim)
         out = attention.KERNELS[self.kernel](q, k, v, mask_info, scale=self.scale)  # [B, T, K, G, H]

@@ -27,8 +27,8 @@ def _case(name: str, seed: int = 0):
     batch, length, slots, heads_kv, groups, head_dim, block_q, block_k, layout = CASES[name]
     rng = np.random.default_rng(seed)
     q = jnp.asarray(rng.standard_normal((batch, length, heads_kv, groups, head_dim)), jnp.float32)
-    k = jnp.asarray(rng.standard_normal((batch, slots, heads_kv, head_dim)), jnp.float32)
-    v = jnp.asarray(rng.standard_normal((batch, slots, heads_kv, head_dim)), jnp.float32)
+    k = jnp.asarray(rng.standard_normal((batch, heads_kv, slots, head_dim)), jnp.float32)  # heads-major
+    v = jnp.asarray(rng.standard_normal((batch, heads_kv, slots, head_dim)), jnp.float32)
     if layout == "padded":
         mask = np.ones((batch, length), np.int32)
         mask[0, :5] = 0  # left pads
@@ -79,8 +79,8 @@ def test_key_blocks_beyond_every_query_are_never_read():
     blocked kernel does not visit those blocks at all."""
     q, k, v, mask_info, rows, kernel = _case("cache_slots")
     reachable = int(np.max(np.asarray(mask_info.query_slots)))  # 14: blocks of 8 slots -> blocks 0 and 1 only
-    poisoned_k = k.at[:, 16:].set(jnp.nan)
-    poisoned_v = v.at[:, 16:].set(jnp.nan)
+    poisoned_k = k.at[:, :, 16:].set(jnp.nan)
+    poisoned_v = v.at[:, :, 16:].set(jnp.nan)
     assert reachable < 16
     assert bool(jnp.isnan(attention.einsum_attention(q, poisoned_k, poisoned_v, mask_info, scale=SCALE)).any())
     out = kernel(q, poisoned_k, poisoned_v, mask_info, scale=SCALE)

@@ -158,8 +158,8 @@ def test_kv_cache_decode_matches_full_forward(checkpoints, kernel):
     rope_kw = dict(image_token_id=config.image_token_id, spatial_merge_size=2)
 
     slots = length + 2
-    caches = tuple(text.KVCache(key=jnp.zeros((batch_size, slots, t.num_key_value_heads, t.head_dim)),
-                                value=jnp.zeros((batch_size, slots, t.num_key_value_heads, t.head_dim)))
+    caches = tuple(text.KVCache(key=jnp.zeros((batch_size, t.num_key_value_heads, slots, t.head_dim)),
+                                value=jnp.zeros((batch_size, t.num_key_value_heads, slots, t.head_dim)))
                    for _ in range(t.num_hidden_layers))
     prefix_mask = mask[:, :-1]
     kv_valid = np.zeros((batch_size, slots), bool)
@@ -181,7 +181,7 @@ def test_kv_cache_decode_matches_full_forward(checkpoints, kernel):
     hidden, caches = _decode(model, embeds, positions, step, None, caches)
     logits = nnx.jit(lambda m, h: m.compute_logits(h))(model, hidden)
     assert np.abs(np.asarray(logits)[:, 0] - full[:, -1]).max() <= 1e-5
-    assert caches[0].key.shape == (batch_size, slots, t.num_key_value_heads, t.head_dim)
+    assert caches[0].key.shape == (batch_size, t.num_key_value_heads, slots, t.head_dim)
 
 
 def test_remat_policies_give_identical_gradients():
