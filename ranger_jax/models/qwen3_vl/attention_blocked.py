@@ -26,6 +26,7 @@ import jax.numpy as jnp
 
 BLOCK_Q = 256  # query tokens per block (times G query heads = matmul rows)
 BLOCK_K = 256  # key slots per block
+TRANSPOSE_KEYS_ROWS = 16  # query rows (tokens x G) of a block from which the forward pass transposes keys up front
 _MASKED = float(jnp.finfo(jnp.float32).min)  # score of a slot a query may not see (as in the einsum kernel)
 
 
@@ -71,18 +72,23 @@ def _num_key_blocks(slots: jax.Array, block_k: int, num_blocks: int) -> jax.Arra
     return jnp.clip(jnp.max(slots) // block_k + 1, 1, num_blocks)
 
 
-def _key_block(keys, values, valid, j, block_k):
-    """Slices key block j: keys/values [B, K, bk, H], valid [B, bk], and its first slot."""
-    start = j * block_k
-    return (jax.lax.dynamic_slice_in_dim(keys, start, block_k, axis=2),
-            jax.lax.dynamic_slice_in_dim(values, start, block_k, axis=2),
-            jax.lax.dynamic_slice_in_dim(valid, start, block_k, axis=1), start)
+def _block(x, j, block, axis):
+    """Block j (of `block` slots) of `x` along `axis`."""
+    return jax.lax.dynamic_slice_in_dim(x, j * block, block, axis=axis)
 
 
-def _scores(q, k, slots, valid, start, groups, scale):
-    """Masked float32 scores [B, K, bq*G, bk] of one query block against the key block starting at slot `start`."""
-    s = jnp.einsum("BKTH,BKSH->BKTS", q, k, preferred_element_type=jnp.float32) * scale
-    key_slots = start + jnp.arange(k.shape[2], dtype=jnp.int32)
+def _scores(q, k, slots, valid, start, groups, scale, *, transposed=True):
+    """Masked float32 scores [B, K, bq*G, bk] of one query block against the key block starting at slot `start`.
+
+    `k` is the key block transposed, [B, K, H, bk] (or [B, K, bk, H] with transposed=False): with both operands in
+    [rows, contracted] x [contracted, cols] order XLA:CPU runs a plain batched GEMM instead of transposing the
+    block on every visit.
+    """
+    if transposed:
+        s = jnp.einsum("BKTH,BKHS->BKTS", q, k, preferred_element_type=jnp.float32) * scale
+    else:
+        s = jnp.einsum("BKTH,BKSH->BKTS", q, k, preferred_element_type=jnp.float32) * scale
+    key_slots = start + jnp.arange(k.shape[3 if transposed else 2], dtype=jnp.int32)
     visible = (key_slots[None, None, :] <= slots[:, :, None]) & valid[:, None, :]  # [B, bq, bk]
     batch, heads_kv, rows, width = s.shape
     s = s.reshape(batch, heads_kv, rows // groups, groups, width)  # rows back to (token, head) for the mask
@@ -94,7 +100,12 @@ def _forward(q, k, v, query_slots, kv_valid, scale, block_q, block_k):
     length, groups = q.shape[1], q.shape[3]
     bq, nq = _blocks(length, block_q)
     bk, nk = _blocks(k.shape[2], block_k)
-    keys, values = _key_layout(k, bk * nk), _key_layout(v, bk * nk)
+    # keys are transposed once per call when the queries are many (prefill, training); a few query rows (decoding)
+    # read them in place rather than copy a whole KV cache per layer and step
+    transposed = bq * groups >= TRANSPOSE_KEYS_ROWS
+    keys, values = _key_layout(k, bk * nk), _key_layout(v, bk * nk)  # [B, K, S', H]
+    keys = keys.swapaxes(2, 3) if transposed else keys
+    key_axis = 3 if transposed else 2
     valid = _pad_axis(kv_valid.astype(bool), 1, bk * nk, False)
 
     def query_block(_, inputs):
@@ -102,8 +113,9 @@ def _forward(q, k, v, query_slots, kv_valid, scale, block_q, block_k):
 
         def visit(j, carry):
             m, l, acc = carry
-            k_j, v_j, valid_j, start = _key_block(keys, values, valid, j, bk)
-            s = _scores(q_i, k_j, slots_i, valid_j, start, groups, scale)
+            v_j, valid_j = _block(values, j, bk, 2), _block(valid, j, bk, 1)
+            s = _scores(q_i, _block(keys, j, bk, key_axis), slots_i, valid_j, j * bk, groups, scale,
+                        transposed=transposed)
             m_new = jnp.maximum(m, jnp.max(s, axis=-1))
             p = jnp.exp(s - m_new[..., None])
             correction = jnp.exp(m - m_new)
@@ -127,28 +139,32 @@ def _backward(q, k, v, query_slots, kv_valid, out, lse, d_out, scale, block_q, b
     num_slots = k.shape[2]
     bq, nq = _blocks(length, block_q)
     bk, nk = _blocks(num_slots, block_k)
-    keys, values = _key_layout(k, bk * nk), _key_layout(v, bk * nk)
+    keys = _key_layout(k, bk * nk)  # [B, K, S', H]
+    keys_t, values_t = keys.swapaxes(2, 3), _key_layout(v, bk * nk).swapaxes(2, 3)  # [B, K, H, S']
     valid = _pad_axis(kv_valid.astype(bool), 1, bk * nk, False)
     # rowsum(dO ∘ O): the softmax Jacobian's correction term of each query row
     delta = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1, keepdims=True)  # [B, T, K, G, 1]
 
     def query_block(carry, inputs):
         q_i, slots_i, lse_i, do_i, delta_i = inputs
+        q_i_t, do_i_t = q_i.swapaxes(2, 3), do_i.swapaxes(2, 3)  # [B, K, H, bq*G], once per query block
 
         def visit(j, inner):
-            dq_i, dk, dv = inner
-            k_j, v_j, valid_j, start = _key_block(keys, values, valid, j, bk)
-            p = jnp.exp(_scores(q_i, k_j, slots_i, valid_j, start, groups, scale) - lse_i[..., None])
-            dp = jnp.einsum("BKTH,BKSH->BKTS", do_i, v_j, preferred_element_type=jnp.float32)
+            # every matmul in [rows, contracted] x [contracted, cols] order (see `_scores`); dK and dV are
+            # accumulated transposed, [B, K, H, S'], as Qᵀ dS and dOᵀ P
+            dq_i, dk_t, dv_t = inner
+            start, valid_j = j * bk, _block(valid, j, bk, 1)
+            p = jnp.exp(_scores(q_i, _block(keys_t, j, bk, 3), slots_i, valid_j, start, groups, scale)
+                        - lse_i[..., None])
+            dp = jnp.einsum("BKTH,BKHS->BKTS", do_i, _block(values_t, j, bk, 3), preferred_element_type=jnp.float32)
             ds = (p * (dp - delta_i) * scale).astype(q_i.dtype)
-            dq_i = dq_i + jnp.einsum("BKTS,BKSH->BKTH", ds, k_j, preferred_element_type=jnp.float32)
-            dk_j = jnp.einsum("BKTS,BKTH->BKSH", ds, q_i, preferred_element_type=jnp.float32)
-            dv_j = jnp.einsum("BKTS,BKTH->BKSH", p.astype(do_i.dtype), do_i, preferred_element_type=jnp.float32)
-            dk = jax.lax.dynamic_update_slice_in_dim(dk, jax.lax.dynamic_slice_in_dim(dk, start, bk, 2) + dk_j,
-                                                     start, 2)
-            dv = jax.lax.dynamic_update_slice_in_dim(dv, jax.lax.dynamic_slice_in_dim(dv, start, bk, 2) + dv_j,
-                                                     start, 2)
-            return dq_i, dk, dv
+            dq_i = dq_i + jnp.einsum("BKTS,BKSH->BKTH", ds, _block(keys, j, bk, 2),
+                                     preferred_element_type=jnp.float32)
+            dk_j = jnp.einsum("BKHT,BKTS->BKHS", q_i_t, ds, preferred_element_type=jnp.float32)
+            dv_j = jnp.einsum("BKHT,BKTS->BKHS", do_i_t, p.astype(do_i.dtype), preferred_element_type=jnp.float32)
+            dk_t = jax.lax.dynamic_update_slice_in_dim(dk_t, _block(dk_t, j, bk, 3) + dk_j, start, 3)
+            dv_t = jax.lax.dynamic_update_slice_in_dim(dv_t, _block(dv_t, j, bk, 3) + dv_j, start, 3)
+            return dq_i, dk_t, dv_t
 
         dq_i = jnp.zeros(q_i.shape, jnp.float32)
         dq_i, dk, dv = jax.lax.fori_loop(0, _num_key_blocks(slots_i, bk, nk), visit, (dq_i, *carry))
@@ -156,11 +172,11 @@ def _backward(q, k, v, query_slots, kv_valid, out, lse, d_out, scale, block_q, b
 
     inputs = (_block_queries(q, bq, nq), _block_slots(query_slots, bq, nq), lse,
               _block_queries(d_out, bq, nq), _block_queries(delta, bq, nq))
-    zeros = jnp.zeros(keys.shape, jnp.float32)
-    (dk, dv), dq = jax.lax.scan(query_block, (zeros, zeros), inputs)
+    zeros = jnp.zeros(keys_t.shape, jnp.float32)
+    (dk_t, dv_t), dq = jax.lax.scan(query_block, (zeros, zeros), inputs)
     dq = _unblock_queries(dq, length, groups).astype(q.dtype)
-    dk = dk[:, :, :num_slots].astype(k.dtype)
-    dv = dv[:, :, :num_slots].astype(v.dtype)
+    dk = dk_t.swapaxes(2, 3)[:, :, :num_slots].astype(k.dtype)
+    dv = dv_t.swapaxes(2, 3)[:, :, :num_slots].astype(v.dtype)
     return dq, dk, dv
 
 
