@@ -62,8 +62,8 @@ def _block_slots(query_slots: jax.Array, block: int, count: int) -> jax.Array:
     return slots.reshape(slots.shape[0], count, block).transpose(1, 0, 2)
 
 
-def _key_layout(x: jax.Array, size: int) -> jax.Array:
-    """[B, K, S, H] -> [B, K, S', H] with S padded to `size`."""
+def _pad_slots(x: jax.Array, size: int) -> jax.Array:
+    """[B, K, S, H] -> [B, K, S', H], slots zero-padded to `size` (a whole number of key blocks)."""
     return _pad_axis(x, 2, size, 0)
 
 
@@ -103,7 +103,7 @@ def _forward(q, k, v, query_slots, kv_valid, scale, block_q, block_k):
     # keys are transposed once per call when the queries are many (prefill, training); a few query rows (decoding)
     # read them in place rather than copy a whole KV cache per layer and step
     transposed = bq * groups >= TRANSPOSE_KEYS_ROWS
-    keys, values = _key_layout(k, bk * nk), _key_layout(v, bk * nk)  # [B, K, S', H]
+    keys, values = _pad_slots(k, bk * nk), _pad_slots(v, bk * nk)  # [B, K, S', H]
     keys = keys.swapaxes(2, 3) if transposed else keys
     key_axis = 3 if transposed else 2
     valid = _pad_axis(kv_valid.astype(bool), 1, bk * nk, False)
@@ -139,8 +139,8 @@ def _backward(q, k, v, query_slots, kv_valid, out, lse, d_out, scale, block_q, b
     num_slots = k.shape[2]
     bq, nq = _blocks(length, block_q)
     bk, nk = _blocks(num_slots, block_k)
-    keys = _key_layout(k, bk * nk)  # [B, K, S', H]
-    keys_t, values_t = keys.swapaxes(2, 3), _key_layout(v, bk * nk).swapaxes(2, 3)  # [B, K, H, S']
+    keys = _pad_slots(k, bk * nk)  # [B, K, S', H]
+    keys_t, values_t = keys.swapaxes(2, 3), _pad_slots(v, bk * nk).swapaxes(2, 3)  # [B, K, H, S']
     valid = _pad_axis(kv_valid.astype(bool), 1, bk * nk, False)
     # rowsum(dO ∘ O): the softmax Jacobian's correction term of each query row
     delta = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1, keepdims=True)  # [B, T, K, G, 1]
