@@ -3,7 +3,7 @@
     python benchmarks/compare_torch.py --json OUT [--runs 5] [--batch 4] [--length 1024] [--attention blocked]
                                        [--optimizer none|adamw] [--no-images] [--no-decode]
 
-Model: `ranger_jax.sampling.throughput.benchmark_config()` (issue 2: text hidden 512, 8 layers, 8 heads / 4 kv,
+Model: `timing.benchmark_config()` (benchmarks/timing.py: text hidden 512, 8 layers, 8 heads / 4 kv,
 head_dim 64, SwiGLU 1536, vocab 32000, small vision tower), randomly initialised by transformers, saved, and loaded
 by our `load`. Both sides run float32 on this machine's cores (torch threads = cores; XLA uses all cores).
 
@@ -42,10 +42,10 @@ import torch
 import transformers
 from flax import nnx
 
+import timing  # benchmarks/timing.py, beside this script
 from ranger_jax.clients.cache import write_atomic
 from ranger_jax.models import qwen3_vl
 from ranger_jax.models.qwen3_vl import flops, loss
-from ranger_jax.sampling import throughput
 
 DECODE_BENCHMARK = Path(__file__).with_name("decode_vs_torch.py")
 IMAGE_GRID = (1, 32, 32)  # patches per image in the image case: 256 placeholder tokens
@@ -95,7 +95,7 @@ def matmul_peak(runs: int, size: int = 4096) -> dict:
 
 
 def text_batch(config, batch: int, length: int, seed: int) -> np.ndarray:
-    return throughput.random_prompts(config, batch=batch, length=length, seed=seed).astype(np.int64)
+    return timing.random_prompts(config, batch=batch, length=length, seed=seed).astype(np.int64)
 
 
 def image_batch(config, batch: int, length: int, seed: int) -> dict:
@@ -207,7 +207,7 @@ def main() -> None:
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
-    config = throughput.benchmark_config()
+    config = timing.benchmark_config()
     config = dataclasses.replace(config, attention=args.attention or config.attention, remat=args.remat)
     with tempfile.TemporaryDirectory() as tmp:
         hf, model = load_pair(config, args.seed, tmp)

@@ -2,10 +2,10 @@
 
     python benchmarks/decode_vs_torch.py [--batch 8] [--prompt 128] [--new 128] [--repeats 3] [--json OUT]
 
-Model: `ranger_jax.sampling.throughput.benchmark_config()` (the issue-2 config: text hidden 512, 8 layers,
+Model: `timing.benchmark_config()` (benchmarks/timing.py: text hidden 512, 8 layers,
 8 heads / 4 kv, head_dim 64, SwiGLU 1536, vocab 32000, small vision tower), randomly initialised by transformers,
 saved, and loaded by our `load`. Timing method (calls interleaved, medians, compile apart):
-`ranger_jax.sampling.throughput`. The 1-minute load average at the end is recorded: on a shared machine torch's
+benchmarks/timing.py. The 1-minute load average at the end is recorded: on a shared machine torch's
 threads suffer more from other processes than ours. Goal: decode_speedup >= 3.
 """
 
@@ -18,10 +18,10 @@ import tempfile
 
 import numpy as np
 
+import timing  # benchmarks/timing.py, beside this script
 from ranger_jax.clients.cache import write_atomic
 from ranger_jax.models import qwen3_vl
 from ranger_jax.sampling import sampler as sampler_lib
-from ranger_jax.sampling import throughput
 
 TARGET_SPEEDUP = 3.0
 
@@ -44,7 +44,7 @@ def compare_decode(*, batch: int = 8, prompt_len: int = 128, max_new_tokens: int
     import torch
     import transformers
 
-    config = throughput.benchmark_config()
+    config = timing.benchmark_config()
     torch.manual_seed(seed)
     hf_config = transformers.Qwen3VLConfig(**config.to_hf())
     hf_config._attn_implementation = "sdpa"
@@ -52,21 +52,21 @@ def compare_decode(*, batch: int = 8, prompt_len: int = 128, max_new_tokens: int
     with tempfile.TemporaryDirectory() as tmp:
         hf_model.save_pretrained(tmp)
         model = qwen3_vl.load(tmp, sharding_rules="sample")
-    prompts = throughput.random_prompts(config, batch=batch, length=prompt_len, seed=seed)
+    prompts = timing.random_prompts(config, batch=batch, length=prompt_len, seed=seed)
     sampler = sampler_lib.Sampler(model)
     threads = threads or os.cpu_count() or 1
     calls = {
-        "ours": throughput.sampler_call(sampler, prompts, max_new_tokens=max_new_tokens),
-        "torch": throughput.transformers_call(hf_model, prompts, max_new_tokens=max_new_tokens, threads=threads),
+        "ours": timing.sampler_call(sampler, prompts, max_new_tokens=max_new_tokens),
+        "torch": timing.transformers_call(hf_model, prompts, max_new_tokens=max_new_tokens, threads=threads),
     }
     if single_thread_reference and threads != 1:
-        calls["torch_1_thread"] = throughput.transformers_call(hf_model, prompts, max_new_tokens=max_new_tokens,
+        calls["torch_1_thread"] = timing.transformers_call(hf_model, prompts, max_new_tokens=max_new_tokens,
                                                                threads=1)
-    timed = throughput.time_interleaved(calls, repeats=repeats)
+    timed = timing.time_interleaved(calls, repeats=repeats)
     ours, ref = timed["ours"], timed["torch"]
     best = min(entry["seconds"] for name, entry in timed.items() if name != "ours")
     new_tokens = batch * max_new_tokens
-    decode_s = throughput.decode_seconds(sampler, prompts, max_new_tokens=max_new_tokens, repeats=repeats)
+    decode_s = timing.decode_seconds(sampler, prompts, max_new_tokens=max_new_tokens, repeats=repeats)
     single = timed.get("torch_1_thread")
     return {
         "decode_speedup": ref["seconds"] / ours["seconds"],

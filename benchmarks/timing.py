@@ -1,6 +1,8 @@
 """Decode throughput: new tokens per second of our `Sampler` and of transformers' `generate`, on the same weights.
 
-Used by `benchmarks/decode_vs_torch.py`. Both sides get the same token prompts (no padding) and generate exactly
+Shared by the benchmark scripts beside it (`decode_vs_torch.py`, `compare_torch.py`), which import it as the
+sibling module `timing` (a script's own folder is first on `sys.path`); it is not part of the library because the
+reference side needs torch. Both sides get the same token prompts (no padding) and generate exactly
 `max_new_tokens` greedy tokens per row (no stop ids, fp32). A call of ours is end to end: a fresh session, the
 prefill, the jitted decode loop and the copy of tokens and log-probs to the host. The reference call is
 `Qwen3VLForConditionalGeneration.generate(do_sample=False)` under `torch.inference_mode`.
@@ -25,7 +27,7 @@ from ranger_jax.sampling import sampler as sampler_lib
 
 
 def benchmark_config() -> config_lib.Qwen3VLConfig:
-    """The issue-2 benchmark model: text hidden 512, 8 layers, 8 heads / 4 kv, head_dim 64, SwiGLU 1536, vocab
+    """The benchmark model: text hidden 512, 8 layers, 8 heads / 4 kv, head_dim 64, SwiGLU 1536, vocab
     32000, and a small vision tower (depth 2, width 128, DeepStack taps 0 and 1)."""
     text = config_lib.TextConfig(
         vocab_size=32000, hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8,
