@@ -3,15 +3,15 @@ import asyncio
 import copy
 import io
 import json
-from pathlib import Path
 
 import pytest
 from PIL import Image
 
 from ranger_jax.clients import chat, http, media
+from support import fixtures
 from support.loopback import LoopbackServer, Reply
 
-FIXTURE = json.loads(Path("/work/shared/fixtures/openai_chat_judge_response.json").read_text())
+FIXTURE = fixtures.load("openai_chat_judge_response")
 NO_WAIT = {"Retry-After": "0"}
 SCHEMA = chat.json_schema_format("verdict", {"type": "object", "properties": {"ok": {"type": "boolean"}}})
 
@@ -66,8 +66,8 @@ def client_for(server, **kwargs):
 def test_parses_the_fixture_and_sends_the_request(server):
     with client_for(server, api_key="sk-test", chat_template_kwargs={"enable_thinking": False}) as client:
         result = client.complete([{"role": "user", "content": "hi"}], max_tokens=64, extra={"seed": 7})
-    assert result.finish_reason == "stop" and result.model == "Qwen/Qwen3-VL-30B-A3B-Instruct"
-    assert result.usage["prompt_tokens"] == 1834 and result.tool_calls == ()
+    assert result.finish_reason == "stop" and result.model == "Qwen/Qwen3-VL-32B-Instruct"
+    assert result.usage["prompt_tokens"] == 2310 and result.tool_calls == ()
     assert result.json()["visual_correctness"] == 0.5 and result.response_format is None
     sent = server.handler.bodies[-1]
     assert sent == {"model": "judge-model", "messages": [{"role": "user", "content": "hi"}], "temperature": 0.0,

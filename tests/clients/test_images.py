@@ -2,23 +2,21 @@
 import asyncio
 import base64
 import io
-import json
 import re
 import threading
 import time
 from email.parser import BytesParser
 from email.policy import HTTP
-from pathlib import Path
 
 import pytest
 from PIL import Image
 
 from ranger_jax.clients import compositor, images, media
+from support import fixtures
 from support.loopback import LoopbackServer, Reply
 
-FIXTURES = Path("/work/shared/fixtures")
-GEN_REQUEST = json.loads((FIXTURES / "sglang_images_generations_request.json").read_text())
-GEN_RESPONSE = json.loads((FIXTURES / "sglang_images_generations_response.json").read_text())
+GEN_REQUEST = fixtures.load("sglang_images_generations_request")
+GEN_RESPONSE = fixtures.load("sglang_images_generations_response")
 NO_WAIT = {"Retry-After": "0"}
 
 
@@ -58,8 +56,8 @@ def server():
 
 @pytest.fixture(scope="module")
 def generator(server):
-    return images.SGLangImageGenerator(server.url, model="Qwen/Qwen-Image", seed=42, num_inference_steps=50,
-                                       size="1024x1024", max_retries=1)
+    return images.SGLangImageGenerator(server.url, model="Qwen/Qwen-Image", seed=2718, num_inference_steps=40,
+                                       size="1328x1328", max_retries=1)
 
 
 def test_text_only_prompt_uses_generations_with_pinned_fields(server, generator):
@@ -68,7 +66,7 @@ def test_text_only_prompt_uses_generations_with_pinned_fields(server, generator)
     assert sent == GEN_REQUEST
     assert result.ok and result.error is None and result.latency_s > 0
     image = Image.open(io.BytesIO(result.image))
-    assert image.format == "PNG" and image.size == (2, 2)
+    assert image.format == "PNG" and image.size == (3, 2) and image.getpixel((0, 0)) == (184, 115, 51)
     assert result.request["endpoint"].endswith("/v1/images/generations") and result.request["num_references"] == 0
 
 
@@ -79,7 +77,7 @@ def test_references_go_to_edits_as_ordered_data_urls(server, generator):
     fields = form_fields(server.requests[-1])
     names = dict(fields)
     assert names["seed"] == "7" and names["size"] == "512x256" and names["response_format"] == "b64_json"
-    assert names["num_inference_steps"] == "50" and names["true_cfg_scale"] == "4.0"
+    assert names["num_inference_steps"] == "40" and names["true_cfg_scale"] == "4.0"
     urls = [v for k, v in fields if k == "url"]
     colours = [Image.open(io.BytesIO(media.decode_data_url(u)[1])).getpixel((0, 0)) for u in urls]
     assert colours == [(255, 0, 0), (0, 0, 255), (0, 255, 0)]  # first 3 refs, in order

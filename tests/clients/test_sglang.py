@@ -1,24 +1,22 @@
-"""SGLangClient against a loopback server speaking SGLang's native API (wire_formats.md §1)."""
+"""SGLangClient against a loopback server speaking SGLang's native API (sglang 0.5.23)."""
 import asyncio
 import io
-import json
 import re
 import threading
-from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
 
 from ranger_jax.clients import http, media, sglang
+from support import fixtures
 from support.loopback import LoopbackServer, Reply
 
-FIXTURES = Path("/work/shared/fixtures")
-GEN_REQUEST = json.loads((FIXTURES / "sglang_generate_request.json").read_text())
-GEN_RESPONSE = json.loads((FIXTURES / "sglang_generate_response.json").read_text())
-UPDATE_REQUEST = json.loads((FIXTURES / "sglang_update_weights_from_disk_request.json").read_text())
-UPDATE_RESPONSE = json.loads((FIXTURES / "sglang_update_weights_from_disk_response.json").read_text())
-# SamplingParams fields as listed in wire_formats.md §1.1 (kept apart from the client's own table on purpose).
+GEN_REQUEST = fixtures.load("sglang_generate_request")
+GEN_RESPONSE = fixtures.load("sglang_generate_response")
+UPDATE_REQUEST = fixtures.load("sglang_update_weights_from_disk_request")
+UPDATE_RESPONSE = fixtures.load("sglang_update_weights_from_disk_response")
+# The fields of sglang 0.5.23's SamplingParams (kept apart from the client's own table on purpose).
 SERVER_KNOWN = {"max_new_tokens", "min_new_tokens", "stop", "stop_regex", "stop_token_ids", "temperature", "top_p",
                 "top_k", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty", "n", "json_schema",
                 "regex", "ebnf", "structural_tag", "ignore_eos", "no_stop_trim", "skip_special_tokens",
@@ -129,12 +127,12 @@ def test_fixture_request_and_response():
             return_text_in_logprobs=True)
         sent = s.requests[-1].json()
     assert {k: v for k, v in sent.items()} == {k: GEN_REQUEST[k] for k in sent}
-    assert result.rid == "traj-0007-turn-0" and result.text == "Hello!"
-    np.testing.assert_array_equal(result.output_ids, [9707, 0, 151645])
-    np.testing.assert_allclose(result.output_logprobs, [-0.0412, -0.2231, -0.0009], rtol=1e-6)
+    assert result.rid == "episode-0042-turn-1" and result.text == "Copper green."
+    np.testing.assert_array_equal(result.output_ids, [84170, 6176, 13, 151645])
+    np.testing.assert_allclose(result.output_logprobs, [-0.5316, -0.0871, -0.0153, -0.0021], rtol=1e-6)
     assert result.output_ids.dtype == np.int32 and result.output_logprobs.dtype == np.float32
-    assert (result.finish_reason, result.matched_stop, result.weight_version) == ("stop", IM_END, "step_3")
-    assert (result.prompt_tokens, result.completion_tokens, result.input_logprobs) == (9, 3, None)
+    assert (result.finish_reason, result.matched_stop, result.weight_version) == ("stop", IM_END, "step_12")
+    assert (result.prompt_tokens, result.completion_tokens, result.input_logprobs) == (14, 4, None)
     assert not result.aborted
 
 
@@ -275,12 +273,12 @@ def test_control_endpoints(server, client):
     server.fake.healthy = True
     client.wait_until_healthy(1.0)
     assert "Cache flushed." in client.flush_cache()
-    update = client.update_weights_from_disk(UPDATE_REQUEST["model_path"], weight_version="step_3")
-    assert update.message.startswith("Succeeded to update model weights") and update.num_paused_requests == 0
+    update = client.update_weights_from_disk(UPDATE_REQUEST["model_path"], weight_version="step_12")
+    assert update.message.startswith("Succeeded to update model weights") and update.num_paused_requests == 2
     assert server.requests[-1].json() == UPDATE_REQUEST
     info = client.get_model_info()
     assert (info.model_path, info.weight_version, info.has_image_understanding) == (UPDATE_REQUEST["model_path"],
-                                                                                    "step_3", True)
+                                                                                    "step_12", True)
     assert client.update_weight_version("step_4") == "step_4"
     assert server.requests[-1].json() == {"new_version": "step_4", "abort_all_requests": True}
     assert client.generate([3]).weight_version == "step_4"

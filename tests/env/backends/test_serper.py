@@ -1,19 +1,15 @@
 import asyncio
 import json
-from pathlib import Path
 
 import pytest
+from support import fixtures
 from support.loopback import LoopbackServer, Reply
 
 from ranger_jax.env.backends import base, serper
 
-FIXTURES = Path("/work/shared/fixtures")
-if not FIXTURES.is_dir():
-    FIXTURES = Path(__file__).resolve().parents[4] / "shared" / "fixtures"
-
 
 def fixture(name):
-    return json.loads((FIXTURES / f"serper_{name}_response.json").read_text())
+    return fixtures.load(f"serper_{name}_response")
 
 
 @pytest.fixture(scope="module")
@@ -35,26 +31,26 @@ def run(coro):
 
 def test_search_parses_organic_and_strips_bold(server):
     before = server.count("POST", "/search")
-    hits = run(client(server, gl="us").search("Halvorsen Point lighthouse", num=5, tbs="qdr:w"))
-    assert hits[0] == base.TextHit(title="Halvorsen Point Light - Harbor Heritage Trust",
-                                   url="https://harbor-heritage.example.org/lights/halvorsen-point",
-                                   snippet="History, keepers and visiting hours of the red lighthouse on the basalt "
-                                           "cliffs.", position=1)
-    assert hits[1].date == "Nov 14, 2025" and hits[1].title == "Storm damages Halvorsen Point gallery railing"
+    hits = run(client(server, gl="us").search("Marlow Street clock tower heron", num=5, tbs="qdr:w"))
+    assert hits[0] == base.TextHit(title="Marlow Street Clock Tower - Town Archive",
+                                   url="https://town-archive.example.org/marlow-tower",
+                                   snippet="Plans, photographs and the story of the copper heron on top of the "
+                                           "tower.", position=1)
+    assert hits[1].date == "Mar 9, 2026" and hits[1].title == "Weathervane heron taken down for repairs"
     request = server.requests[-1]
     assert server.count("POST", "/search") == before + 1
     assert request.headers["X-API-KEY"] == "test-key"
-    assert request.json() == {"q": "Halvorsen Point lighthouse", "num": 5, "tbs": "qdr:w", "gl": "us"}
+    assert request.json() == {"q": "Marlow Street clock tower heron", "num": 5, "tbs": "qdr:w", "gl": "us"}
 
 
 def test_images_and_news(server):
-    images = run(client(server).images("Halvorsen Point lighthouse", num=20))
-    assert images[1] == base.ImageHit(title="Red lighthouse on basalt cliffs",
-                                      image_url="https://photos.example.com/u/88/halvorsen-cliff.png",
-                                      page_url="https://photos.example.com/u/88/p/4412", source="Example Photos",
-                                      width=1024, height=1536, position=2)
-    news = run(client(server).news("Halvorsen Point lighthouse", tbs="qdr:w"))
-    assert news[0].date == "3 days ago" and news[0].snippet.endswith("— Coastal News")
+    images = run(client(server).images("Marlow Street clock tower heron", num=20))
+    assert images[1] == base.ImageHit(title="Copper heron weathervane, close-up",
+                                      image_url="https://pics.example.com/p/31/heron-vane.png",
+                                      page_url="https://pics.example.com/p/31", source="Example Pics",
+                                      width=900, height=1200, position=2)
+    news = run(client(server).news("Marlow Street clock tower heron", tbs="qdr:w"))
+    assert news[0].date == "4 days ago" and news[0].snippet.endswith("— Riverside Post")
     assert server.requests[-1].json()["tbs"] == "qdr:w"
 
 
