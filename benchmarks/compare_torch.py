@@ -43,7 +43,7 @@ import transformers
 from flax import nnx
 
 import timing  # benchmarks/timing.py, beside this script
-from ranger_jax.clients.cache import write_atomic
+from ranger_jax import fileio
 from ranger_jax.models import qwen3_vl
 from ranger_jax.models.qwen3_vl import flops, loss
 
@@ -247,7 +247,7 @@ def main() -> None:
 
     print_table(result)
     if args.json:
-        write_atomic(args.json, json.dumps(result, indent=2).encode("utf-8"))
+        fileio.write_atomic(args.json, json.dumps(result, indent=2).encode("utf-8"))
 
 
 def print_table(result: dict) -> None:

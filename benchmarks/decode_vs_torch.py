@@ -19,7 +19,7 @@ import tempfile
 import numpy as np
 
 import timing  # benchmarks/timing.py, beside this script
-from ranger_jax.clients.cache import write_atomic
+from ranger_jax import fileio
 from ranger_jax.models import qwen3_vl
 from ranger_jax.sampling import sampler as sampler_lib
 
@@ -117,7 +117,7 @@ def main() -> None:
           f"{result['greedy_tokens_match']:.1%}; load average {result['load_average_1min']:.1f}; goal "
           f"decode_speedup >= {TARGET_SPEEDUP}")
     if args.json:
-        write_atomic(args.json, json.dumps(result, indent=2).encode("utf-8"))
+        fileio.write_atomic(args.json, json.dumps(result, indent=2).encode("utf-8"))
 
 
 if __name__ == "__main__":

@@ -26,8 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ranger_jax import env
-from ranger_jax.clients.cache import write_atomic
+from ranger_jax import env, fileio
 from ranger_jax.env.sim import agents, build, world
 
 TARGET_CALLS_PER_S = 200.0
@@ -109,7 +108,7 @@ def main() -> None:
         body = {"tasks": len(tasks), "repeats": args.repeats, "warmup_calls_per_s": warmup,
                 "calls_per_s": steady, "calls_per_s_warm_store": repeat, "calls_per_s_with_pixels": with_pixels,
                 "target_calls_per_s": TARGET_CALLS_PER_S}
-        write_atomic(Path(args.json), json.dumps(body, indent=2).encode("utf-8"))
+        fileio.write_atomic(Path(args.json), json.dumps(body, indent=2).encode("utf-8"))
 
 
 if __name__ == "__main__":

@@ -25,8 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ranger_jax import env, sampling
-from ranger_jax.clients.cache import write_atomic
+from ranger_jax import env, fileio, sampling
 from ranger_jax.env.sim import build, savanna, world
 from ranger_jax.models import qwen3_vl
 from ranger_jax.processing import ChatRenderer, load_tokenizer
@@ -119,7 +118,7 @@ def main() -> None:
         print(f"{name:8s} {r['episodes_per_s']:11.2f} {r['warmup_s']:10.1f} {r['turns_mean']:6.1f} "
               f"{r['tokens_mean']:7.0f} {r['images_mean']:7.1f} {r['reward_mean']:7.3f}  {r['terminations']}")
     if args.json:
-        write_atomic(args.json, json.dumps(results, indent=2).encode("utf-8"))
+        fileio.write_atomic(args.json, json.dumps(results, indent=2).encode("utf-8"))
 
 
 if __name__ == "__main__":

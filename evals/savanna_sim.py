@@ -13,7 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
-from ranger_jax.clients.cache import write_atomic
+from ranger_jax import fileio
 from ranger_jax.env.sim import savanna
 
 
@@ -30,7 +30,7 @@ def main() -> None:
         result = savanna.evaluate(args.world, args.policy, env_name=args.env, limit=args.limit, progress=True)
     except (ValueError, FileNotFoundError) as err:
         parser.error(str(err))
-    write_atomic(Path(args.json), json.dumps(result, indent=2, ensure_ascii=False).encode("utf-8"))
+    fileio.write_atomic(Path(args.json), json.dumps(result, indent=2, ensure_ascii=False).encode("utf-8"))
     print(f"policy {result['policy']}  world {result['world']} (seed {result['seed']})  tasks {result['num_tasks']}")
     print(f"{'search_score':<28}{result['search_score']:.3f}")
     for domain, value in result["search_score_by_domain"].items():

@@ -1,7 +1,8 @@
 """On-disk JSON response cache, so runs against live services can be replayed exactly.
 
 Entries are keyed by the SHA-256 of a canonical JSON rendering of the request and written atomically
-(temporary name, then `os.replace`), so a killed process never leaves a half-written entry.
+(`ranger_jax.fileio.write_atomic`: temporary name, then `os.replace`), so a killed process never leaves a
+half-written entry.
 """
 
 from __future__ import annotations
@@ -9,34 +10,16 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
-FILE_MODE = 0o644
+from ranger_jax import fileio
 
 
 def request_key(namespace: str, request: Any) -> str:
     """Stable hex key for `request` (any JSON-serialisable value) within `namespace`."""
     canonical = json.dumps([namespace, request], sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
-
-
-def write_atomic(path: str | os.PathLike, data: bytes) -> None:
-    """Writes `data` to `path` via a flushed, fsynced temporary file in the same folder and `os.replace`."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.fchmod(fd, FILE_MODE)  # mkstemp creates 0600; results are meant to be read by others
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 class JsonCache:
@@ -66,4 +49,4 @@ class JsonCache:
             return
         path = self._path(request_key(self.namespace, request))
         body = json.dumps({"request": request, "response": response}, ensure_ascii=False, sort_keys=True)
-        write_atomic(path, body.encode("utf-8"))
+        fileio.write_atomic(path, body.encode("utf-8"))

@@ -18,7 +18,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from ranger_jax.clients import cache
+from ranger_jax import fileio
 from ranger_jax.data import shards
 from ranger_jax.data.trajectory import Trajectory, TrajectoryImage
 
@@ -148,7 +148,7 @@ def write_viewer(shard: str | os.PathLike, out: str | os.PathLike, *, limit: int
     """Renders the first `limit` trajectories of `shard` into `out` (atomically); returns how many."""
     trajectories = list(islice(shards.read_shard(shard), limit))
     page = render_html(trajectories, title=os.path.basename(os.fspath(shard)))
-    cache.write_atomic(Path(out), page.encode("utf-8"))
+    fileio.write_atomic(Path(out), page.encode("utf-8"))
     return len(trajectories)
 
 

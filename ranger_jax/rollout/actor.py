@@ -30,7 +30,8 @@ from typing import Any
 import tqdm
 
 from ranger_jax import env as env_lib
-from ranger_jax.clients import cache, chat, sglang
+from ranger_jax import fileio
+from ranger_jax.clients import chat, sglang
 from ranger_jax.data import shards
 from ranger_jax.env import core
 from ranger_jax.env.sim import savanna, world as world_lib
@@ -326,7 +327,7 @@ def main(argv: Sequence[str] | None = None) -> ActorSummary:
 
         summary = asyncio.run(run())
     if args.summary:
-        cache.write_atomic(args.summary, json.dumps(summary.to_dict(), indent=2).encode("utf-8"))
+        fileio.write_atomic(args.summary, json.dumps(summary.to_dict(), indent=2).encode("utf-8"))
     print(json.dumps(summary.to_dict(), indent=2))
     return summary
 

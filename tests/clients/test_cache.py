@@ -1,7 +1,5 @@
-"""JsonCache and write_atomic."""
+"""JsonCache: canonical request keys, round trips, misses and corrupt entries."""
 import json
-import os
-import stat
 
 from ranger_jax.clients import cache
 
@@ -32,11 +30,3 @@ def test_corrupt_entry_is_a_miss_and_gets_replaced(tmp_path):
     store.put({"q": 2}, {"v": 2})
     assert json.loads(entry.read_text())["response"] == {"v": 2}
 
-
-def test_write_atomic_leaves_no_temporary_and_readable_mode(tmp_path):
-    target = tmp_path / "sub" / "file.bin"
-    cache.write_atomic(target, b"abc")
-    cache.write_atomic(str(target), b"def")
-    assert target.read_bytes() == b"def"
-    assert os.listdir(target.parent) == ["file.bin"]
-    assert stat.S_IMODE(target.stat().st_mode) == 0o644

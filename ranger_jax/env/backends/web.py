@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 import trafilatura
 
+from ranger_jax import fileio
 from ranger_jax.clients import cache as cache_lib
 from ranger_jax.clients import http
 from ranger_jax.env.backends import base, transport, urlguard
@@ -261,7 +262,7 @@ class WebFetcher:
             sha = hashlib.sha256(data).hexdigest()
             blob = self._blob_dir / sha[:2] / sha
             if not blob.exists():
-                cache_lib.write_atomic(blob, data)
+                fileio.write_atomic(blob, data)
             self._image_cache.put(key, {"sha256": sha, "content_type": media})
         return base.FetchedImage(url=url, data=data, content_type=media, page_url=page_url)
 

@@ -32,7 +32,7 @@ from flax import nnx
 from jax.experimental import multihost_utils
 from safetensors.numpy import save_file
 
-from ranger_jax.clients.cache import write_atomic
+from ranger_jax import fileio
 from ranger_jax.models.qwen3_vl import config as config_lib
 from ranger_jax.models.qwen3_vl import model as model_lib
 from ranger_jax.parallel import placement
@@ -278,10 +278,10 @@ def save(model: model_lib.Qwen3VL, path: str | os.PathLike, *,
         return
     if len(shards) > 1:
         index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-        write_atomic(path / INDEX_FILE, json.dumps(index, indent=2).encode("utf-8"))
+        fileio.write_atomic(path / INDEX_FILE, json.dumps(index, indent=2).encode("utf-8"))
     keep = set(names) | ({INDEX_FILE} if len(shards) > 1 else set())
     for stale in path.iterdir():
         weights = stale.name in (SINGLE_FILE, INDEX_FILE) or _SHARD_NAME.fullmatch(stale.name)
         if weights and stale.name not in keep:
             stale.unlink()
-    write_atomic(path / "config.json", json.dumps(config.to_hf(), indent=2).encode("utf-8"))
+    fileio.write_atomic(path / "config.json", json.dumps(config.to_hf(), indent=2).encode("utf-8"))
