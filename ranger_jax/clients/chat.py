@@ -1,7 +1,8 @@
 """OpenAI-compatible chat client (`POST {base_url}/chat/completions`): judges, page summariser, harness.
 
-Wire format: reference/wire_formats.md §3 and external_apis.md §6. `base_url` follows the OpenAI convention
-and includes the version prefix, e.g. `http://127.0.0.1:30000/v1`.
+Wire format: the OpenAI chat completions API as SGLang and vLLM serve it (`messages`, `response_format`, `tools`;
+the answer's `choices[0].message`). `base_url` follows the OpenAI convention and includes the version prefix, e.g.
+`http://127.0.0.1:30000/v1`.
 
 Structured output degrades gracefully: a `json_schema` request that the server refuses with HTTP 400/422 is
 retried with `{"type": "json_object"}`, then with no `response_format` at all (the caller parses the reply

@@ -1,6 +1,6 @@
 """The one retry loop and error tree shared by every HTTP client in ranger_jax.
 
-Policy (STYLE.md §7): retry `httpx.TransportError` (timeouts included), 408, 429 and 5xx; honour
+Policy: retry `httpx.TransportError` (timeouts included), 408, 429 and 5xx; honour
 `Retry-After` up to a cap, otherwise back off `0.5·2ⁿ` seconds capped at 8 s with full jitter; re-raise
 anything else at once. A non-idempotent request reuses one idempotency key across its retries.
 """

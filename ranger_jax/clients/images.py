@@ -4,8 +4,9 @@
 `GenerationResult` with `ok=False` and the error text, so a rollout records the failure on its trajectory
 instead of losing it. Bad arguments are reported the same way. The output is always PNG bytes.
 
-Wire formats: reference/wire_formats.md §2 (sglang 0.5.23 `/v1/images/generations` JSON and
-`/v1/images/edits` multipart) and external_apis.md §5 (Gen-Searcher `qwen-image-edit/api.py`).
+Wire formats: sglang 0.5.23's diffusion server (`/v1/images/generations` takes JSON, `/v1/images/edits` takes
+multipart form data with the references as `url` fields) and Gen-Searcher's image-edit service
+(`qwen-image-edit/api.py`: one JSON `/generate` with base64 references).
 """
 
 from __future__ import annotations

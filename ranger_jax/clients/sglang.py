@@ -1,6 +1,6 @@
 """Client for the SGLang LLM server's native API: token-in/token-out `/generate` and the control endpoints.
 
-Wire format: reference/wire_formats.md §1 (sglang 0.5.23); the contract itself (sampling-param checks,
+Wire format: sglang 0.5.23's native HTTP API; the contract itself (sampling-param checks,
 error types, response parsing) lives in `clients.sglang_protocol` and its public names are re-exported
 here. Multi-turn VLM rollouts send the full, processor-expanded token history as `input_ids` and every
 image so far as `image_data` (lossless PNG data URLs, so the server sees the exact pixels the policy's

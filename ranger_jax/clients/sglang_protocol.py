@@ -1,4 +1,4 @@
-"""SGLang LLM server wire contract (sglang 0.5.23, reference/wire_formats.md §1): sampling-param checks,
+"""SGLang LLM server wire contract (sglang 0.5.23's native API): sampling-param checks,
 the error types every `/generate` error shape maps to, and typed parsing of `/generate` and control answers.
 
 Error mapping of `/generate` (all `StatusError`s):

@@ -11,7 +11,7 @@ from typing import Any
 
 from PIL import Image
 
-# Named terminations (reference/agent_protocol.md §8), also used as trajectory labels.
+# How an episode can end (Gen-Searcher's termination labels plus ours), also used as trajectory labels.
 ANSWER = "answer"
 ANSWER_PARSE_FAILED = "answer_parse_failed"
 NO_ANSWER = "no_answer"

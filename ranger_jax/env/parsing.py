@@ -1,7 +1,7 @@
 """Parsing one policy turn: `<think>`, exactly one `<tool_call>` or `<answer>`, json5-tolerant bodies.
 
 Nothing here raises on policy text except the documented `FormatError` / `AnswerError`, whose messages are written
-for the policy and become observations (reference/agent_protocol.md §5).
+for the policy and become observations: the policy reads what was wrong and can correct itself next turn.
 """
 
 from __future__ import annotations

@@ -55,7 +55,7 @@ INVALID_FORMAT = ("Error: Invalid format. You MUST output exactly one of <tool_c
 
 # Token strings that only the chat renderer may place: text that spells them would be encoded as the special ids,
 # so a page saying "<|image_pad|>" would desynchronise image placeholders from pixels, and "<|im_end|>" would
-# forge turn boundaries (peers.md §7 item 3).
+# forge turn boundaries (a known way multi-turn VLM rollouts end with image tokens and features out of step).
 CONTROL_TOKENS = ("<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|vision_start|>", "<|vision_end|>",
                   "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
 _CONTROL = re.compile("|".join(re.escape(token) for token in CONTROL_TOKENS))

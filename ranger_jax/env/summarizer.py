@@ -1,6 +1,6 @@
 """web_fetch's optional page reader: an OpenAI-compatible chat model answers the policy's prompt from the page.
 
-Follows Gen-Searcher's `browse` (reference/external_apis.md §2): temperature 0, text-only prompt, answer only from
+Follows Gen-Searcher's `browse` tool: temperature 0, text-only prompt, answer only from
 the page and say so when nothing is relevant; long pages are split into overlapping chunks whose answers are
 joined as "result part i".
 """

@@ -1,7 +1,7 @@
 """Device meshes with the project's three axes, ("data", "fsdp", "tensor"), all of `AxisType.Auto`.
 
-jax 0.10 `jax.make_mesh` defaults to Explicit axes, under which `with_sharding_constraint` refuses logical specs
-(reference/jax_stack.md §5), so every mesh here is built with Auto axes and activated with `jax.set_mesh(mesh)`.
+jax 0.10 `jax.make_mesh` defaults to Explicit axes, under which `with_sharding_constraint` refuses logical specs,
+so every mesh here is built with Auto axes and activated with `jax.set_mesh(mesh)`.
 """
 
 from __future__ import annotations

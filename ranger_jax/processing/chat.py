@@ -12,7 +12,7 @@ the text the environment supplies is encoded.
     assistant_suffix()                               \\n
     render_tool_response(text, images_grid_thw=…)    <|im_start|>user\\n<images><tool_response>\\n…\\n</tool_response><|im_end|>\\n
 
-Tool responses carry their images before the text (the training order of agent_protocol §7).
+Tool responses carry their images before the text (the order Gen-Searcher trains with).
 The only place the segment-wise ids can differ from tokenizing the template's string in one piece is an
 assistant turn whose content starts with whitespace that BPE would merge with the `assistant\\n` header;
 the segment-wise form is what the policy sees when it generates after the generation prompt.

@@ -5,7 +5,7 @@
 R_image is the per-sample K-Score of the generated image against the GT, judged on the original question;
 R_text is the snapped text reward (`rewards.text_reward`). α = 0 skips the text judge, α = 1 the image one.
 
-Hard zeros, checked before any generation or judge call (reference/rewards_and_evals.md §4): GT missing or
+Hard zeros, checked before any generation or judge call (Gen-Searcher's rules): GT missing or
 no question; terminations `max_response_length_exceeded` / `context_exceeded`, `repeated_response` and
 `error`; no answer (including `no_answer`, `max_turns`), a failed answer parse or an unknown img_id; an empty
 `gen_prompt`; a count of valid local references outside [1, 4]. After generation: a failed generation, and

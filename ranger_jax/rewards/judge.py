@@ -1,7 +1,7 @@
 """VLM judges over an OpenAI-compatible chat endpoint: rubric loading, the judging loop, the K-Score judge.
 
-A judge sends a system rubric and one user turn (text first, then the images as data URLs — the eval-time
-ordering of reference/agent_protocol.md §7) and asks for JSON: `json_schema` first, with the ChatClient's
+A judge sends a system rubric and one user turn (text first, then the images as data URLs — the order
+Gen-Searcher's evaluation scripts use) and asks for JSON: `json_schema` first, with the ChatClient's
 fallbacks to `json_object` and plain text; the reply is parsed leniently and validated. An unusable reply is
 retried with a different `seed` per attempt, so a cached run replays exactly. Transport errors are retried
 by the client. Whatever still fails becomes a `JudgeError`.

@@ -1,6 +1,6 @@
 """KnowGen's K-Score: per-sample score from a judge's four dimensions, and the benchmark aggregation.
 
-Per sample (Gen-Searcher `KnowGen_Eval/gpt_eval_knowgen.py`, reference/rewards_and_evals.md §1):
+Per sample (as Gen-Searcher's `KnowGen_Eval/gpt_eval_knowgen.py` computes it):
 
     overall = round(0.1·F + 0.4·V + 0.4·T + 0.1·A, 2),   T := 0.5 when `text_accuracy_na`
 

@@ -1,6 +1,6 @@
 """The live RL reward of one episode: hard-zero rules → generator → judges → combination.
 
-Gen-Searcher's flow (reference/rewards_and_evals.md §4): the answer's first references (valid local files,
+Gen-Searcher's flow: the answer's first references (valid local files,
 in the answer's order) and its `gen_prompt` go to the image generator with a pinned seed; the generated
 image is judged against the GT with the K-Score judge on the ORIGINAL question (R_image = per-sample
 overall) and, when α > 0, the answer text with the text-reward judge (R_text); then

@@ -1,7 +1,7 @@
 """Savanna-style live judges: search pass/fail and generation (identity tier + context criteria).
 
-UNOFFICIAL reimplementation. The Ranger paper defines these judges but publishes neither code nor prompts
-(reference/rewards_and_evals.md §5); the rubrics here are ours, following the paper's description, and the
+UNOFFICIAL reimplementation. The Ranger paper defines these judges but publishes neither code nor prompts;
+the rubrics here are ours, following the paper's description, and the
 numbers they give are not comparable to the paper's. In the offline world use the sim's exact rewards.
 
 Generation score (our choice, documented because the paper's combination is not public):

@@ -1,4 +1,4 @@
-"""The 5-level text reward R_text (Gen-Searcher RL, reference/rewards_and_evals.md §3).
+"""The 5-level text reward R_text of Gen-Searcher's RL stage.
 
 The judge sees the task prompt, the GT image, and the agent's answer rendered as TEXT: its `gen_prompt` and
 its `reference_images` (img_id, title, note, page_url). Reference pixels are not shown. It answers "would a

@@ -1,17 +1,18 @@
-"""One episode, token-exact: `ToolEnv` × policy → `Trajectory` (DESIGN.md, "One trajectory, end to end").
+"""One episode, token-exact: `ToolEnv` × policy → `Trajectory` (docs/trajectory.md walks through it).
 
     reset → prefix (system prompt with its date, task prompt) → repeat:
         generation prompt → policy ids → decoded text → env.astep(state, text, truncated=finish=="length")
         → observation images prepared (min/max pixels) → user turn rendered, images before text → appended
     → reward (+ generated image) → Trajectory
 
-The sequence is the concatenation of the tokens the policy was given and produced, turn by turn (peers.md §4
-lesson 4; never re-rendered or re-tokenized): sampled ids, the closing `<|im_end|>` included, get loss mask 1
-and their log-probs; a closing `<|im_end|>` the policy did not produce (a truncated turn) and everything else
-get mask 0 and log-prob 0. Image tokens count against `max_context_tokens` BEFORE a segment is appended: a
-generation prompt without room for one token, or an observation that would not fit, ends the episode with
-`context_exceeded` and nothing partial is appended (never a cut inside an image run), so placeholder counts and
-image lists always agree (peers.md §7 items 1–3).
+The sequence is the concatenation of the tokens the policy was given and produced, turn by turn (never re-rendered
+or re-tokenized, which could give different ids than the policy saw): sampled ids, the closing `<|im_end|>`
+included, get loss mask 1 and their log-probs; a closing `<|im_end|>` the policy did not produce (a truncated turn)
+and everything else get mask 0 and log-prob 0. Image tokens count against `max_context_tokens` BEFORE a segment is
+appended: a generation prompt without room for one token, or an observation that would not fit, ends the episode
+with `context_exceeded` and nothing partial is appended (never a cut inside an image run), so placeholder counts and
+image lists always agree (a cut image run is the classic cause of "image features and image tokens do not match" in
+multi-turn VLM training).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ MAX_SYSTEM_TURNS = 64  # rendered system turns kept by an EpisodeCache (one per 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class EpisodeConfig:
-    """Per-episode limits and sampling (defaults follow Gen-Searcher, reference/rewards_and_evals.md §9)."""
+    """Per-episode limits and sampling (defaults follow Gen-Searcher's RL rollouts)."""
 
     max_new_tokens: int = GEN_SEARCHER_MAX_NEW_TOKENS  # per assistant turn
     max_context_tokens: int = GEN_SEARCHER_MAX_CONTEXT  # whole sequence, image placeholders included

@@ -137,7 +137,7 @@ def text_generation(tokenizer: Tokenizer, text: str, *, max_new_tokens: int, pol
     """A Generation for a turn given as text: its ids plus `<|im_end|>`, log-probs 0, cut at `max_new_tokens`.
 
     Text that spells a chat-control or vision token is encoded with those strings removed, so the ids never
-    hold a special id the policy did not mean (peers.md §7 item 3).
+    hold a special id the policy did not mean (a stray `<|image_pad|>` would break the image-token count).
     """
     ids = tokenizer.encode(prompts.strip_control_tokens(text)) + [tokenizer.im_end_id]
     finish = "stop"

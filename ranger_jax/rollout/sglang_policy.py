@@ -1,10 +1,10 @@
 """An SGLang server as the policy: token ids in, token ids and log-probs out (`/generate`).
 
-Every turn sends the full, already processor-expanded `input_ids` (each image is its `<|image_pad|>` run) and
-the CUMULATIVE list of the episode's images as `image_data`, with `return_logprob` (external_apis.md §3, the
-slime multi-turn VLM pattern). Images go as lossless PNG data URLs of the PREPARED pixels (already at the
-processor's grid size), so the server's own resize is the identity and its placeholder count equals ours:
-the server never expands anything twice (peers.md §7 item 5).
+Every turn sends the full, already processor-expanded `input_ids` (each image is its `<|image_pad|>` run) and the
+CUMULATIVE list of the episode's images as `image_data`, with `return_logprob` (the multi-turn VLM pattern of
+slime's SGLang rollouts). Images go as lossless PNG data URLs of the PREPARED pixels (already at the processor's
+grid size), so the server's own resize is the identity and its placeholder count equals ours: the server never
+expands anything twice (a double expansion gives empty or garbled rollouts).
 """
 
 from __future__ import annotations

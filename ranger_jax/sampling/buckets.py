@@ -2,8 +2,9 @@
 
 Batch, appended tokens per row, KV-cache slots, vision patches, images per call, new tokens per call and stop ids
 per row each round up to `max(minimum, 2**ceil(log2(n)))`, so steady-state decoding reuses a handful of compiled
-programs (peers.md §4, lesson 5). Image patches round to a multiple of `spatial_merge_size**2` times a power of
-two, and the padding patches become one extra dummy image so the vision tower never mixes them into a real image.
+programs instead of compiling for every new length. Image patches round to a multiple of `spatial_merge_size**2`
+times a power of two, and the padding patches become one extra dummy image so the vision tower never mixes them into
+a real image.
 """
 
 from __future__ import annotations

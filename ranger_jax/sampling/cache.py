@@ -1,10 +1,10 @@
 """A `Session`: a batch of conversations held in one KV cache, each row grown turn by turn.
 
-Row b stores its tokens contiguously in cache slots `0 .. lengths[b] - 1` (no padding inside a row), so a row's
-slot count is also its number of attended tokens, and its MRoPE rope delta (reference/qwen3_vl.md §6) is
-`next_positions[b] - lengths[b]`, where `next_positions[b]` is one past the largest position the row holds. The
-session also keeps the logits that follow each row's last token, so every token of a row is in the cache and the
-next turn only appends.
+Row b stores its tokens contiguously in cache slots `0 .. lengths[b] - 1` (no padding inside a row), so a row's slot
+count is also its number of attended tokens, and its MRoPE rope delta (how far the next text position is ahead of
+the slot count) is `next_positions[b] - lengths[b]`, where `next_positions[b]` is one past the largest position the
+row holds. The session also keeps the logits that follow each row's last token, so every token of a row is in the
+cache and the next turn only appends.
 
 The cache arrays are partitioned by the SAMPLE rules (`parallel.rules.SAMPLE`): the batch over ("data", "fsdp")
 and key/value heads over "tensor", each where the size divides.

@@ -1,4 +1,4 @@
-"""Serper.dev client: Google web, image and news search (reference/wire_formats.md §4).
+"""Serper.dev client: Google web, image and news search (`organic`, `images` and `news` result rows).
 
 `POST {base_url}/{search|images|news}` with `X-API-KEY`; responses are cached on disk by request body so a run
 replays exactly, and an HTTP 200 carrying `message`/`error` without results counts as an error.

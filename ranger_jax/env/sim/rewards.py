@@ -1,10 +1,10 @@
 """Exact rewards in the offline world: search pass/fail, crop quality and text score of one answer.
 
-Every reference the policy selects is an `ImageRecord` of its episode: `root_url` names the world image it
-derives from and `root_box` the region of that image it shows (the whole image when None). The world's
-annotations give every entity's pixel box in that image, so each reference is judged from geometry alone.
-Only the first MAX_REFERENCES (3) references count (the generator receives no more;
-reference/agent_protocol.md §6). The thresholds below are the fields of `Criteria` (defaults in brackets).
+Every reference the policy selects is an `ImageRecord` of its episode: `root_url` names the world image it derives
+from and `root_box` the region of that image it shows (the whole image when None). The world's annotations give
+every entity's pixel box in that image, so each reference is judged from geometry alone. Only the first
+MAX_REFERENCES (3) references count (the generator receives no more, as in Gen-Searcher). The thresholds below are
+the fields of `Criteria` (defaults in brackets).
 
 For an entity with box O in a reference with region R, let vis = area(O ∩ R). The reference
   - **shows** the entity when coverage = vis / area(O) ≥ COVERAGE_MIN [0.8] (enough of it is visible) and

@@ -254,7 +254,7 @@ class Qwen3VLConfig:
 
     @classmethod
     def qwen3_vl_8b(cls, **runtime: Any) -> Qwen3VLConfig:
-        """Qwen/Qwen3-VL-8B-Instruct shapes (reference/qwen3_vl.md §1)."""
+        """Qwen/Qwen3-VL-8B-Instruct shapes (its `config.json`; about 8.77 B parameters)."""
         return cls._released(hidden=4096, intermediate=12288, layers=36, heads=32, tied=False, vision_depth=27,
                              vision_hidden=1152, vision_intermediate=4304, taps=(8, 16, 24), **runtime)
 

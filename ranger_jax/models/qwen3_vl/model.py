@@ -2,7 +2,7 @@
 
 `Qwen3VL` mirrors `Qwen3VLForConditionalGeneration` (attribute tree `model.visual`, `model.language_model`,
 `lm_head`, so parameter paths are HF keys). Its pieces are separate jittable calls, so a sampler can run them
-apart and a compile keyed on `pixel_values` shapes does not recompile the decoder (peers.md §4, lesson 5):
+apart and a compile keyed on `pixel_values` shapes does not recompile the decoder:
 
 1. `encode_images(pixel_values, image_grid_thw) -> (image_embeds [M, D], deepstack [L_ds, M, D])`
 2. `embed(input_ids, image_embeds, deepstack) -> (inputs_embeds [B, T, D], deepstack_embeds [L_ds, B, T, D])`

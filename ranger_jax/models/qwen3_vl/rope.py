@@ -2,7 +2,7 @@
 
 Everything here is a pure, jittable function of arrays with static shapes; nothing is cached on a module (unlike
 `self.rope_deltas` in transformers). Reference: `Qwen3VLTextRotaryEmbedding` and `Qwen3VLModel.get_rope_index` in
-transformers `modeling_qwen3_vl.py` (reference/qwen3_vl.md §5-6).
+transformers `modeling_qwen3_vl.py`.
 """
 
 from __future__ import annotations
