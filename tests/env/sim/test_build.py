@@ -141,13 +141,20 @@ def test_cli_writes_a_world(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, match", [
-    (["--tasks", "0"], "num_tasks must be in 1..5000, got 0"),
-    (["--tasks", "-3"], "num_tasks must be in 1..5000, got -3"),
+    (["--tasks", "0"], "--tasks must be in 1..5000, got 0"),
+    (["--tasks", "-3"], "--tasks must be in 1..5000, got -3"),
+    (["--out", "FILE"], "--out must be a folder, and "),
+    (["--out", "BUSY"], "--out must be a new or empty folder or an offline world; "),
 ])
 def test_cli_errors_are_usage_errors(tmp_path, capsys, argv, match):
+    (tmp_path / "FILE").write_text("x")
+    (tmp_path / "BUSY").mkdir()
+    (tmp_path / "BUSY" / "notes.txt").write_text("keep me")
+    argv = [str(tmp_path / a) if a in ("FILE", "BUSY") else a for a in argv]
     with pytest.raises(SystemExit) as info:
         build.main(["--out", str(tmp_path / "w"), *argv])
     assert info.value.code == 2 and match in capsys.readouterr().err
+    assert (tmp_path / "BUSY" / "notes.txt").read_text() == "keep me" and not (tmp_path / "w").exists()
 
 
 def test_image_rows_record_the_file_hash(small_world):
@@ -156,17 +163,18 @@ def test_image_rows_record_the_file_hash(small_world):
         assert image.sha256 == hashlib.sha256((small_world / image.file).read_bytes()).hexdigest()
 
 
-def test_build_errors(tmp_path):
-    with pytest.raises(ValueError, match="num_tasks must be in 1.."):
+def test_build_errors_name_the_argument(tmp_path):
+    with pytest.raises(ValueError, match=r"^num_tasks must be in 1\.\.5000, got 0$"):
         build.build_world(tmp_path / "w", 0, 1)
     (tmp_path / "file").write_text("x")
-    with pytest.raises(FileExistsError, match="is a file"):
+    with pytest.raises(ValueError, match=r"^out must be a folder, and .*file is a file$"):
         build.build_world(tmp_path / "file", 1, 1)
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "notes.txt").write_text("keep me")
-    with pytest.raises(FileExistsError, match="not an offline world"):
+    with pytest.raises(ValueError, match=r"^out must be a new or empty folder or an offline world; .*busy holds"):
         build.build_world(tmp_path / "busy", 1, 1)
     assert (tmp_path / "busy" / "notes.txt").read_text() == "keep me"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["busy", "file"]  # nothing staged
 
 
 def test_loader_errors(tmp_path):
