@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 from ranger_jax.env.sim import bm25
 from ranger_jax.env.sim.detector import Detection, OracleDetector
-from ranger_jax.env.sim.world import box_area
+from ranger_jax.env.sim.world import Attributes, box_area
 
 # Tool budget: at most 2 + 3 + 2 + 1 = 8 calls, the environment's default limit.
 MAX_TEXT_SEARCHES = 2
@@ -69,18 +69,19 @@ class Turn:
 
 @dataclasses.dataclass(frozen=True)
 class Release:
-    """A fact sheet read from a page."""
+    """A fact sheet read from a page: a release's name, series, date and visible attributes."""
 
     name: str
     series: str
     released: str
-    primary: str
-    secondary: str
-    pattern: str
-    emblem: str
+    attributes: Attributes
 
-    def attributes(self) -> dict[str, str]:
-        return {"primary": self.primary, "secondary": self.secondary, "pattern": self.pattern, "emblem": self.emblem}
+    @classmethod
+    def from_match(cls, m: re.Match) -> Release:
+        """The release of one `_FACT_SHEET` match."""
+        return cls(name=m["name"], series=m["series"], released=m["released"],
+                   attributes=Attributes(primary=m["primary"], secondary=m["secondary"], pattern=m["pattern"],
+                                         emblem=m["emblem"]))
 
 
 def read_history(state: Any) -> list[Turn]:
@@ -132,11 +133,12 @@ def wants_recent(prompt: str) -> bool:
 
 
 def _describe(release: Release) -> str:
-    if release.pattern == "plain":
-        look = f"plain {release.primary} with {release.secondary} trim"
+    a = release.attributes
+    if a.pattern == "plain":
+        look = f"plain {a.primary} with {a.secondary} trim"
     else:
-        look = f"{release.primary} with {release.secondary} {release.pattern}"
-    return f"the {release.name} ({look}, {release.emblem} emblem)"
+        look = f"{a.primary} with {a.secondary} {a.pattern}"
+    return f"the {release.name} ({look}, {a.emblem} emblem)"
 
 
 class ExpertAgent:
@@ -169,7 +171,7 @@ class ExpertAgent:
         for turn in turns:
             if turn.name == "web_fetch":
                 for m in _FACT_SHEET.finditer(turn.response):
-                    found.setdefault(m["name"], Release(**m.groupdict()))
+                    found.setdefault(m["name"], Release.from_match(m))
         return list(found.values())
 
     @staticmethod
@@ -195,7 +197,7 @@ class ExpertAgent:
             if record.root_box is not None:
                 continue
             for det in self.detector.detect(record):
-                if det.attributes() == release.attributes() and release.name.endswith(det.kind):
+                if det.attributes == release.attributes and release.name.endswith(det.kind):
                     out.append((img_id, det))
         return out
 
@@ -255,9 +257,10 @@ class ExpertAgent:
             bbox = [round(det.box[0] / record.width, 4), round(det.box[1] / record.height, 4),
                     round(det.box[2] / record.width, 4), round(det.box[3] / record.height, 4)]
             others = len(self.detector.detect(record)) - 1
+            seen = det.attributes
             return tool_call("crop_image", {"img_id": img_id, "bbox": bbox},
-                             f"{img_id} shows a {det.kind} in {det.primary} with {det.secondary} {det.pattern} and "
-                             f"the {det.emblem} emblem, matching the fact sheet of the {release.name}"
+                             f"{img_id} shows a {det.kind} in {seen.primary} with {seen.secondary} {seen.pattern} "
+                             f"and the {seen.emblem} emblem, matching the fact sheet of the {release.name}"
                              + (f"; {others} other object(s) share the picture, so I crop it out." if others
                                 else "; I crop it tight."))
         crop_id = crops[-1].img_ids[0] if crops[-1].img_ids else None
@@ -269,22 +272,24 @@ class ExpertAgent:
     def _search_images(self, state: Any, release: Release, done: list[Turn], prompt: str) -> str:
         if len(done) >= MAX_IMAGE_SEARCHES:
             return self._give_up(state, prompt)
+        a = release.attributes
         if not done:
             start = dt.date.fromisoformat(release.released)
             tbs = (f"cdr:1,cd_min:{start.month}/{start.day}/{start.year},"
                    f"cd_max:{state.today.month}/{state.today.day}/{state.today.year}")
             return tool_call("image_search", {"query": release.name, "tbs": tbs},
-                             f"The {release.name} came out on {release.released}: {release.primary} with "
-                             f"{release.secondary} {release.pattern}, emblem {release.emblem}. Earlier editions look "
+                             f"The {release.name} came out on {release.released}: {a.primary} with "
+                             f"{a.secondary} {a.pattern}, emblem {a.emblem}. Earlier editions look "
                              "alike, so I search images published since its release.")
-        query = f"{release.name} {release.primary} {release.secondary} {release.pattern}"
+        query = f"{release.name} {a.primary} {a.secondary} {a.pattern}"
         return tool_call("image_search", {"query": query},
-                         f"None of the images so far shows {release.emblem} on {release.primary} with "
-                         f"{release.secondary} {release.pattern}; they are look-alikes. I search more widely.")
+                         f"None of the images so far shows {a.emblem} on {a.primary} with "
+                         f"{a.secondary} {a.pattern}; they are look-alikes. I search more widely.")
 
     def _answer(self, prompt: str, release: Release, img_id: str, think: str | None) -> str:
         gen_prompt = (f"{prompt.rstrip('.')}. The subject is {_describe(release)}; reproduce its colours, "
-                      f"{release.pattern} pattern and {release.emblem} emblem exactly as in the first reference image.")
+                      f"{release.attributes.pattern} pattern and {release.attributes.emblem} emblem exactly as in the "
+                      "first reference image.")
         return answer(gen_prompt, [(img_id, f"clean crop of the {release.name}")], think)
 
     def _final(self, state: Any, release: Release | None, crops: list[Turn]) -> str:

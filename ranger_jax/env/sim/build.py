@@ -34,7 +34,6 @@ captions, page rows (text with image references and links), tasks, indexes, file
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime as dt
 import hashlib
 import io
@@ -144,8 +143,9 @@ def _page_rows(world_plan: plan.WorldPlan, image_rows: list[dict], rng: random.R
 
 def _task_row(index: int, roles: dict[str, world.Entity], image_rows: list[dict], today: dt.date,
               rng: random.Random) -> dict:
-    """Stage 6, per task: its row of tasks.jsonl: the prompt (from `rng`), the target, the image where it takes the largest share of
-    the pixels (its reference picture and box), and the attributes that tell it from its siblings."""
+    """Stage 6, per task: its row of tasks.jsonl: the prompt (from `rng`), the target, the image where it takes
+    the largest share of the pixels (its reference picture and box), and the attributes that tell it from its
+    siblings."""
     target = roles["target"]
     siblings = [e for r, e in roles.items() if r != "target"]
     shots = [row for row in image_rows for obj in row["objects"] if obj["entity_id"] == target.id]
@@ -154,8 +154,8 @@ def _task_row(index: int, roles: dict[str, world.Entity], image_rows: list[dict]
         return next(o["box"] for o in row["objects"] if o["entity_id"] == target.id)
 
     best = max(shots, key=lambda row: world.box_area(box(row)) / (row["width"] * row["height"]))
-    key = list(target.attributes().values())
-    sibling_only = sorted({v for s in siblings for v in s.attributes().values()} - set(key))
+    key = list(target.attributes.as_dict().values())
+    sibling_only = sorted({v for s in siblings for v in s.attributes.as_dict().values()} - set(key))
     return {
         "id": f"task_{index:04d}", "prompt": plan.task_prompt(target, today, rng), "target_id": target.id,
         "target_name": pages.full_name(target), "image_url": best["url"], "image_file": best["file"],
@@ -186,7 +186,7 @@ def _world_files(world_plan: plan.WorldPlan, seed: int, page_rows: list[dict], i
     """Stage 8: the bytes of world.json, the four .jsonl files (one sorted-key JSON object per line) and
     index.json."""
     entities = world_plan.entities
-    entity_rows = sorted((dataclasses.asdict(e) for e in entities), key=lambda r: r["id"])
+    entity_rows = sorted((e.to_row() for e in entities), key=lambda r: r["id"])
     files = {}
     for name, rows in ((world.ENTITIES_FILE, entity_rows), (world.PAGES_FILE, page_rows),
                        (world.IMAGES_FILE, image_rows), (world.TASKS_FILE, task_rows)):

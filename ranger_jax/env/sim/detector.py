@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 
 from ranger_jax.env import core
-from ranger_jax.env.sim.world import Box, World, box_area, box_intersection
+from ranger_jax.env.sim.world import Attributes, Box, World, box_area, box_intersection
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,20 +24,14 @@ class Detection:
     Attributes:
         box: pixel box [x0, y0, x1, y1] in the image's own frame, clipped to it.
         kind: what the object is ("kit", "smartphone").
-        primary, secondary, pattern, emblem: its visible attributes.
+        attributes: its visible colours, pattern and emblem.
         visible_fraction: share of the object's full box inside the image (1 = entirely in view).
     """
 
     box: Box
     kind: str
-    primary: str
-    secondary: str
-    pattern: str
-    emblem: str
+    attributes: Attributes
     visible_fraction: float
-
-    def attributes(self) -> dict[str, str]:
-        return {"primary": self.primary, "secondary": self.secondary, "pattern": self.pattern, "emblem": self.emblem}
 
 
 class OracleDetector:
@@ -67,7 +61,6 @@ class OracleDetector:
                 continue
             entity = self.world.entities[obj.entity_id]
             box = (inside[0] - frame[0], inside[1] - frame[1], inside[2] - frame[0], inside[3] - frame[1])
-            found.append(Detection(box=box, kind=entity.noun, primary=entity.primary, secondary=entity.secondary,
-                                   pattern=entity.pattern, emblem=entity.emblem, visible_fraction=fraction))
+            found.append(Detection(box=box, kind=entity.noun, attributes=entity.attributes, visible_fraction=fraction))
         found.sort(key=lambda d: (-box_area(d.box), d.box))
         return found

@@ -44,19 +44,20 @@ def full_name(entity: Entity) -> str:
 
 
 def pattern_phrase(entity: Entity) -> str:
-    return catalog.PATTERN_PHRASES[entity.pattern].format(c=entity.secondary)
+    return catalog.PATTERN_PHRASES[entity.attributes.pattern].format(c=entity.attributes.secondary)
 
 
 def fact_sheet(entity: Entity) -> str:
     """The fact-sheet block for `entity` (see the module docstring)."""
+    look = entity.attributes
     return "\n".join((
         FACT_SHEET_HEADER,
         f"Name: {full_name(entity)}",
         f"Series: {entity.family}",
         f"Release date: {entity.released}",
-        f"Colours: {entity.primary}, {entity.secondary}",
-        f"Pattern: {entity.pattern}",
-        f"Emblem: {entity.emblem}",
+        f"Colours: {look.primary}, {look.secondary}",
+        f"Pattern: {look.pattern}",
+        f"Emblem: {look.emblem}",
     ))
 
 
@@ -67,14 +68,14 @@ def describe(entity: Entity, rng: random.Random, with_emblem: bool = True) -> st
         "It comes in {primary} with {pattern}.",
         "Expect a {primary} body covered in {pattern}.",
         "The design sets {pattern} against a {primary} ground.",
-    )).format(noun=entity.noun, primary=entity.primary, pattern=pattern_phrase(entity))
+    )).format(noun=entity.noun, primary=entity.attributes.primary, pattern=pattern_phrase(entity))
     if not with_emblem:
         return look
     mark = rng.choice((
         "The {emblem} emblem sits front and centre.",
         "A bold {emblem} badge finishes it off.",
         "Look for the {emblem} emblem on the front.",
-    )).format(emblem=entity.emblem)
+    )).format(emblem=entity.attributes.emblem)
     return f"{look} {mark}"
 
 
@@ -182,7 +183,8 @@ def catalogue(entities: list[Entity]) -> tuple[str, str]:
     title = f"{first.family} {first.noun}s: list of releases"
     lines = [f"This page lists every {first.family} {first.noun} released so far."]
     for e in sorted(entities, key=lambda e: (e.released, e.id)):
-        lines.append(f"- {full_name(e)} ({e.released}): {e.primary} with {pattern_phrase(e)}, emblem {e.emblem}")
+        lines.append(f"- {full_name(e)} ({e.released}): {e.attributes.primary} with {pattern_phrase(e)}, "
+                     f"emblem {e.attributes.emblem}")
     return title, "\n".join(lines)
 
 
@@ -210,7 +212,7 @@ def image_caption(entity: Entity, clean: bool, named: bool, setting: str, rng: r
     if clean:
         title = rng.choice(("{label} official product photo", "{label} press image", "The new {short}",
                             "{short} studio shot")).format(label=label, short=short)
-        alt = f"{label} in {entity.primary} and {entity.secondary}"
+        alt = f"{label} in {entity.attributes.primary} and {entity.attributes.secondary}"
     else:
         title = rng.choice(("{label} spotted at the {setting}", "Crowd at the {setting}",
                             "{setting} featuring the {short}")).format(label=label, setting=setting, short=short)

@@ -14,7 +14,7 @@ import datetime as dt
 import random
 
 from ranger_jax.env.sim import catalog, pages
-from ranger_jax.env.sim.world import Entity
+from ranger_jax.env.sim.world import Attributes, Entity
 
 FIRST_TODAY = dt.date(2025, 1, 1)  # the world's `today` is drawn from two years starting here
 SUBCATEGORY = {sc.name: sc for sc in catalog.SUBCATEGORIES}  # subcategory name -> catalog entry
@@ -92,8 +92,8 @@ def _family(index: int, sc: catalog.Subcategory, today: dt.date, rng: random.Ran
         return Entity(
             id=f"e{index:04d}{_ROLE_CODES[role]}", family=family, name=f"{family} {edition} {variant}", noun=sc.noun,
             subcategory=sc.name, domain=sc.domain, edition=edition, variant=variant, released=day.isoformat(),
-            primary=colours[0], secondary=colours[1], pattern=patterns[age],
-            emblem=catalog.emblem_code(family, n),
+            attributes=Attributes(primary=colours[0], secondary=colours[1], pattern=patterns[age],
+                                  emblem=catalog.emblem_code(family, n)),
         )
 
     # the previous edition keeps the variant's colours, or at least its primary colour

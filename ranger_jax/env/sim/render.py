@@ -141,20 +141,21 @@ def draw_entity(canvas: Image.Image, entity: Entity, shape: str, box: tuple[int,
     """Paints `entity` as `shape` into `box` (pixels, [x0, y0, x1, y1]) of `canvas`, in place."""
     x0, y0, x1, y1 = box
     w, h = x1 - x0, y1 - y0
-    primary, secondary = catalog.COLOURS[entity.primary], catalog.COLOURS[entity.secondary]
-    canvas.paste(_pattern(entity.pattern, w, h, primary, secondary), (x0, y0), _mask(shape, w, h))
+    look = entity.attributes
+    primary, secondary = catalog.COLOURS[look.primary], catalog.COLOURS[look.secondary]
+    canvas.paste(_pattern(look.pattern, w, h, primary, secondary), (x0, y0), _mask(shape, w, h))
     draw = ImageDraw.Draw(canvas)
     _details(draw, shape, box)
     fx, fy = _EMBLEM_AT.get(shape, (0.5, 0.5))
     size = max(9, int(min(w, h) * 0.2))
     font = _font(size)
     cx, cy = x0 + fx * w, y0 + fy * h
-    left, top, right, bottom = draw.textbbox((cx, cy), entity.emblem, font=font, anchor="mm")
+    left, top, right, bottom = draw.textbbox((cx, cy), look.emblem, font=font, anchor="mm")
     pad = max(2, size // 5)
     draw.rounded_rectangle((left - pad, top - pad, right + pad, bottom + pad), radius=pad, fill=primary,
                            outline=secondary, width=max(1, pad // 2))
     ink = _INK_DARK if catalog.luminance(primary) > 0.55 else _INK_LIGHT
-    draw.text((cx, cy), entity.emblem, font=font, fill=ink, anchor="mm")
+    draw.text((cx, cy), look.emblem, font=font, fill=ink, anchor="mm")
 
 
 def _backdrop(rng: random.Random, size: tuple[int, int], studio: bool) -> tuple[Image.Image, int]:

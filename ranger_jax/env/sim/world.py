@@ -47,6 +47,29 @@ def box_iou(a: Box, b: Box) -> float:
 
 
 @dataclasses.dataclass(frozen=True)
+class Attributes:
+    """The four visible attributes of a thing: what tells it from its look-alikes, in the pixels and in text.
+
+    One record for the entity as built, the fact sheet an agent reads on a page, and what a detector sees in a
+    picture, so the three compare with `==`.
+
+    Attributes:
+        primary, secondary: colour names (keys of `catalog.COLOURS`).
+        pattern: one of `catalog.PATTERNS`, drawn in the secondary colour.
+        emblem: the emblem text printed on it.
+    """
+
+    primary: str
+    secondary: str
+    pattern: str
+    emblem: str
+
+    def as_dict(self) -> dict[str, str]:
+        """{slot name: value} in the order primary, secondary, pattern, emblem."""
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
 class Entity:
     """One thing in the world (a kit, a phone finish, a poster), identified by its visible attributes.
 
@@ -59,9 +82,7 @@ class Entity:
         edition: edition label ("2026", "7", "Season 3").
         variant: variant name ("Home", "Sage").
         released: release date, YYYY-MM-DD.
-        primary, secondary: colour names (keys of `catalog.COLOURS`).
-        pattern: one of `catalog.PATTERNS`, drawn in the secondary colour.
-        emblem: the emblem text printed on it.
+        attributes: its colours, pattern and emblem.
     """
 
     id: str
@@ -73,14 +94,12 @@ class Entity:
     edition: str
     variant: str
     released: str
-    primary: str
-    secondary: str
-    pattern: str
-    emblem: str
+    attributes: Attributes
 
-    def attributes(self) -> dict[str, str]:
-        """The four visible attributes by slot name."""
-        return {"primary": self.primary, "secondary": self.secondary, "pattern": self.pattern, "emblem": self.emblem}
+    def to_row(self) -> dict[str, str]:
+        """Its row of entities.jsonl: every field, the attributes inline."""
+        row = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "attributes"}
+        return {**row, **self.attributes.as_dict()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,7 +217,9 @@ def load_world(root: str | Path) -> World:
     entities = {}
     for number, row in _read_jsonl(root / ENTITIES_FILE):
         where = f"{root / ENTITIES_FILE}:{number}"
-        entity = Entity(**{f.name: _field(row, f.name, where) for f in dataclasses.fields(Entity)})
+        attributes = Attributes(**{f.name: _field(row, f.name, where) for f in dataclasses.fields(Attributes)})
+        entity = Entity(**{f.name: _field(row, f.name, where) for f in dataclasses.fields(Entity)
+                           if f.name != "attributes"}, attributes=attributes)
         entities[entity.id] = entity
     pages = {}
     for number, row in _read_jsonl(root / PAGES_FILE):

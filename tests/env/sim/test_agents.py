@@ -15,7 +15,7 @@ import pytest
 
 from ranger_jax import env
 from ranger_jax.env.backends.offline import OfflineBackend
-from ranger_jax.env.sim import agents, load_tasks, load_world, rewards, savanna
+from ranger_jax.env.sim import agents, load_tasks, load_world, pages, rewards, savanna
 from ranger_jax.env.sim.detector import OracleDetector
 
 REPO = Path(__file__).resolve().parents[3]
@@ -110,11 +110,22 @@ def test_detector_reports_looks_not_identities(hard_world):
     crop = dataclasses.replace(whole, img_id="IMG_002", url=None, width=int(x1 - x0) + 10,
                                height=int(y1 - y0) + 10, root_box=(x0 - 5, y0 - 5, x1 + 5, y1 + 5))
     inside = [d for d in detector.detect(crop) if d.visible_fraction == 1.0]
-    assert [d.attributes() for d in inside] == [dict(zip(("primary", "secondary", "pattern", "emblem"),
-                                                        truth["key_attributes"]))]
+    assert [d.attributes.as_dict() for d in inside] == [dict(zip(("primary", "secondary", "pattern", "emblem"),
+                                                                truth["key_attributes"]))]
+    assert inside[0].attributes == the_world.entities[truth["target_id"]].attributes
     assert inside[0].box == (5.0, 5.0, x1 - x0 + 5, y1 - y0 + 5)
     foreign = dataclasses.replace(whole, url="https://web.example/a.png", root_url="https://web.example/a.png")
     assert detector.detect(foreign) == []
+
+
+def test_fact_sheets_read_back_as_the_entity_attributes(small_world):
+    the_world = load_world(small_world)
+    entities = sorted(the_world.entities.values(), key=lambda e: e.id)[:4]
+    page = "\n\n".join(pages.fact_sheet(e) for e in entities)
+    turn = agents.Turn(name="web_fetch", arguments={}, response=page, img_ids=())
+    releases = agents.ExpertAgent._releases([turn])
+    assert [(r.name, r.released, r.attributes) for r in releases] == [
+        (pages.full_name(e), e.released, e.attributes) for e in entities]
 
 
 def test_request_reading():

@@ -55,7 +55,7 @@ def test_layout_and_loaders(hard_world):
         assert (hard_world / truth["image_file"]).is_file()
         placed = [o.box for o in image.objects if o.entity_id == target.id]
         assert placed == [tuple(float(v) for v in truth["bbox"])]
-        assert truth["key_attributes"] == list(target.attributes().values())
+        assert truth["key_attributes"] == list(target.attributes.as_dict().values())
         assert truth["target_name"] in task.prompt or target.family in task.prompt
 
 
@@ -90,11 +90,12 @@ def test_semantic_crowding_siblings_differ_visibly(hard_world):
         for sibling_id in task.ground_truth["sibling_ids"]:
             sibling = the_world.entities[sibling_id]
             assert sibling.family == target.family
-            assert sibling.attributes() != target.attributes()
+            mine, theirs = target.attributes, sibling.attributes
+            assert theirs != mine
             if sibling.edition == target.edition:  # other variant: other colours
-                assert sibling.primary != target.primary
+                assert theirs.primary != mine.primary
             else:  # previous editions: other pattern and emblem
-                assert sibling.pattern != target.pattern and sibling.emblem != target.emblem
+                assert theirs.pattern != mine.pattern and theirs.emblem != mine.emblem
         assert task.ground_truth["sibling_only_attributes"]
         assert not set(task.ground_truth["sibling_only_attributes"]) & set(task.ground_truth["key_attributes"])
 
@@ -124,7 +125,7 @@ def test_identity_is_visible_in_pixels(hard_world):
     picture = Image.open(hard_world / truth["image_file"]).convert("RGB")
     region = picture.crop(tuple(int(v) for v in truth["bbox"]))
     colours = collections.Counter(region.getdata())
-    for name in (target.primary, target.secondary):
+    for name in (target.attributes.primary, target.attributes.secondary):
         rgb = catalog.COLOURS[name]
         assert colours[rgb] > 0.02 * region.width * region.height, name
     sibling = the_world.entities[truth["sibling_ids"][0]]

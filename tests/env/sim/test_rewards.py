@@ -6,7 +6,7 @@ import pytest
 
 from ranger_jax.env import core
 from ranger_jax.env.sim import rewards
-from ranger_jax.env.sim.world import Entity, Placement, World, WorldImage, box_iou
+from ranger_jax.env.sim.world import Attributes, Entity, Placement, World, WorldImage, box_iou
 
 T_BOX = (40.0, 100.0, 140.0, 220.0)  # 100 x 120 in a 400 x 300 scene
 S_BOX = (160.0, 100.0, 260.0, 220.0)
@@ -15,8 +15,8 @@ D_BOX = (280.0, 120.0, 360.0, 220.0)
 
 def _entity(eid, family, edition, variant, primary, secondary, pattern, emblem):
     return Entity(id=eid, family=family, name=f"{family} {edition} {variant}", noun="kit", subcategory="team kits",
-                  domain="Sports", edition=edition, variant=variant, released="2026-01-01", primary=primary,
-                  secondary=secondary, pattern=pattern, emblem=emblem)
+                  domain="Sports", edition=edition, variant=variant, released="2026-01-01",
+                  attributes=Attributes(primary=primary, secondary=secondary, pattern=pattern, emblem=emblem))
 
 
 def _image(name, size, objects):
