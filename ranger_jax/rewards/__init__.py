@@ -1,1 +1,11 @@
-"""Rewards: VLM judges, K-Score and its KnowGen aggregation, the text reward, Savanna-style judges, the combined RL reward."""
+"""Rewards: VLM judges, K-Score and its KnowGen aggregation, the text reward, Savanna judges, the combined RL reward.
+
+Modules: `judge` (rubric loading, the judging loop, `KScoreJudge`), `kscore` (per-sample K-Score and `aggregate`),
+`text_reward` (the 5-level R_text), `savanna` (search and generation judges), `combine` (hard-zero rules and the
+α-weighted combination), `live` (generator + judges for one episode) and `offline` (the offline world's exact
+reward).
+"""
+
+from ranger_jax.rewards import combine, judge, kscore, live, offline, savanna, text_reward
+
+__all__ = ["combine", "judge", "kscore", "live", "offline", "savanna", "text_reward"]

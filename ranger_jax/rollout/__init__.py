@@ -9,3 +9,18 @@ Modules: `policy` (the interface and scripted agents), `sampler_policy` (in-proc
 image record), `episode` (one episode), `runner` (many in flight, GRPO groups), `scoring` (rewards),
 `actor` (shards + CLI).
 """
+
+from ranger_jax.rollout import (
+    actor,
+    episode,
+    harness,
+    policy,
+    runner,
+    sampler_policy,
+    scoring,
+    sequence,
+    sglang_policy,
+)
+
+__all__ = ["actor", "episode", "harness", "policy", "runner", "sampler_policy", "scoring", "sequence",
+           "sglang_policy"]
