@@ -134,6 +134,7 @@ def demo_rollouts(workdir: Path, world_dir: Path, *, num_tasks: int = 3, group_s
 
 
 def run_demo(args: argparse.Namespace) -> int:
+    """Runs `ranger demo`: model round trip, offline world and agents, rollouts, viewer; returns 0."""
     workdir = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="ranger-demo-"))
     workdir.mkdir(parents=True, exist_ok=True)
     print(f"ranger demo: working in {workdir}")
@@ -163,6 +164,7 @@ def run_demo(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The `ranger` command line: parses `argv` and runs the chosen subcommand; returns its exit code."""
     parser = argparse.ArgumentParser(prog="ranger", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="run the main job on embedded defaults")

@@ -131,6 +131,7 @@ class RollingShardWriter:
         self._current: ShardWriter | None = None
 
     def write(self, trajectory: Trajectory) -> None:
+        """Appends one trajectory, starting a new shard when the current one is full."""
         if self._current is None:
             path = self.folder / f"{self.prefix}-{len(self.shards):05d}{SHARD_SUFFIX}"
             self._current = ShardWriter(path)

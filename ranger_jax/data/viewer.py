@@ -153,6 +153,7 @@ def write_viewer(shard: str | os.PathLike, out: str | os.PathLike, *, limit: int
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m ranger_jax.data.viewer SHARD --out FILE.html`: writes the viewer of one shard."""
     parser = argparse.ArgumentParser(prog="python -m ranger_jax.data.viewer", description=__doc__.splitlines()[0])
     parser.add_argument("shard", help="an .array_record trajectory shard")
     parser.add_argument("--out", required=True, help="HTML file to write")

@@ -94,6 +94,7 @@ class ObservedImage:
 
     @property
     def image(self) -> Image.Image:
+        """The decoded image (decoded on first access)."""
         if self._image is None:  # two threads may both decode once; either result is the same pixels
             object.__setattr__(self, "_image", self._load())
             object.__setattr__(self, "_load", None)
@@ -119,6 +120,8 @@ class ObservedImage:
 
 @dataclasses.dataclass(frozen=True)
 class AnswerRef:
+    """One reference image an answer selects: its `IMG_###` id and an optional note."""
+
     img_id: str
     note: str = ""
 

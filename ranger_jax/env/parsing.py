@@ -53,6 +53,8 @@ class Turn:
 
 @dataclasses.dataclass(frozen=True)
 class ToolCall:
+    """A parsed `<tool_call>`: the tool name and its JSON arguments."""
+
     name: str
     arguments: dict[str, Any]
 
@@ -156,6 +158,7 @@ def normalise_img_id(value: object) -> str | None:
 
 
 def format_img_id(index: int) -> str:
+    """The image id the policy sees for the image at `index` (`IMG_001` style)."""
     return f"IMG_{index:03d}"
 
 

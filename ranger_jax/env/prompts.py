@@ -96,8 +96,10 @@ def system_prompt(schemas: list[dict[str, Any]], *, today: dt.date, max_tool_cal
 
 
 def tool_response(body: str) -> str:
+    """`body` wrapped in the `<tool_response>` tags of the chat format."""
     return f"<tool_response>\n{body}\n</tool_response>"
 
 
 def invalid_format(problem: str) -> str:
+    """The observation for a malformed turn, naming the `problem`."""
     return INVALID_FORMAT.format(problem=problem)

@@ -31,6 +31,8 @@ def _live(options: dict[str, Any]) -> base.Backend:
 
 @dataclasses.dataclass(frozen=True)
 class BackendSpec:
+    """How to build one named backend from its options, and which options it takes."""
+
     build: Callable[[dict[str, Any]], base.Backend]
     keys: tuple[str, ...]  # options the backend takes
     required: tuple[str, ...] = ()

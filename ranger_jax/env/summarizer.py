@@ -61,4 +61,5 @@ class PageSummarizer:
         return "\n\n".join(f"result part {i + 1}:\n{a}" for i, a in enumerate(answers))
 
     async def aclose(self) -> None:
+        """Closes the chat client."""
         await self.client.aclose()

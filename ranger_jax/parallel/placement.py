@@ -30,6 +30,7 @@ def path_key(path) -> str:
 
 
 def is_variable(x: Any) -> bool:
+    """Whether `x` is an NNX variable (a leaf of a model's state)."""
     return isinstance(x, nnx.Variable)
 
 

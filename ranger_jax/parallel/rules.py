@@ -81,6 +81,7 @@ def use_rules(rules: str | Mapping[str, AxisRule]) -> Iterator[Mapping[str, Axis
 
 
 def current_rules() -> Mapping[str, AxisRule]:
+    """The partition rules in effect (the `TRAIN` preset unless `use_rules` set others)."""
     return _CURRENT.get()
 
 

@@ -73,6 +73,7 @@ class Rendered:
 
     @property
     def num_images(self) -> int:
+        """Number of images whose placeholder runs the ids hold."""
         return len(self.image_spans)
 
     def __add__(self, other: Rendered) -> Rendered:

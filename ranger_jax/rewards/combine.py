@@ -74,10 +74,12 @@ class RewardBreakdown:
             raise ValueError(f"reward must be finite and >= 0, got {self.reward}")
 
     def to_dict(self) -> dict[str, Any]:
+        """The breakdown as plain JSON-ready values."""
         return {**dataclasses.asdict(self), "components": dict(self.components)}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "RewardBreakdown":
+        """The inverse of `to_dict`; unknown keys raise ValueError naming them."""
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:

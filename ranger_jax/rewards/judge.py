@@ -96,6 +96,7 @@ class VLMJudge(Generic[T]):
         self.max_tokens, self.temperature, self.max_attempts = max_tokens, temperature, max_attempts
 
     def messages(self, text: str, images: Sequence[media.ImageLike]) -> list[dict[str, Any]]:
+        """The chat messages of one judgement: the rubric, then the text and the images."""
         parts = [chat.text_part(text)]
         parts += [chat.image_part(image, max_side=IMAGE_MAX_SIDE, quality=IMAGE_QUALITY) for image in images]
         return [{"role": "system", "content": self.rubric}, {"role": "user", "content": parts}]
@@ -185,4 +186,5 @@ class KScoreJudge:
 
     async def ascore(self, prompt: str, generated: media.ImageLike, ground_truth: media.ImageLike, *,
                      sample_id: str | None = None) -> Verdict[kscore.KScore]:
+        """The async `score`: judges one sample; raises JudgeError."""
         return await self.judge.ajudge(kscore_request_text(prompt, sample_id), [generated, ground_truth])

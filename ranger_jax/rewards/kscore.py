@@ -98,6 +98,7 @@ class KScore:
 
     @property
     def overall(self) -> float:
+        """The per-sample K-Score from the four dimensions (formula in the module docstring)."""
         return overall_score(self.faithfulness, self.visual_correctness, self.text_accuracy, self.aesthetics,
                              self.text_accuracy_na)
 

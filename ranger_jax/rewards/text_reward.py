@@ -82,6 +82,7 @@ def image_facts(records: Mapping[str, core.ImageRecord]) -> dict[str, dict[str, 
 
 
 def request_text(prompt: str, answer: core.Answer, facts: Mapping[str, Mapping[str, Any]] | None) -> str:
+    """The judge's user text: the request, a note that the image is the GT, the rendered answer."""
     return (f"User request: {prompt}\n\nThe image shown is the ground-truth (GT) image.\n\n"
             f"Agent answer:\n{render_answer(answer, facts)}")
 
@@ -108,4 +109,5 @@ class TextRewardJudge:
 
     async def ascore(self, prompt: str, ground_truth: media.ImageLike, answer: core.Answer,
                      image_facts: Mapping[str, Mapping[str, Any]] | None = None) -> judge.Verdict[TextReward]:
+        """The async `score`: judges one answer; raises judge.JudgeError."""
         return await self.judge.ajudge(request_text(prompt, answer, image_facts), [ground_truth])

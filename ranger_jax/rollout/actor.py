@@ -135,6 +135,7 @@ class ActorSummary:
     terminations: dict[str, int]
 
     def to_dict(self) -> dict[str, Any]:
+        """The summary as a JSON-ready dict."""
         return dataclasses.asdict(self)
 
 
@@ -294,6 +295,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> ActorSummary:
+    """The actor's command line (`python -m ranger_jax.rollout.actor --help`); returns its summary."""
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     world = world_lib.load_world(args.world) if args.world else None

@@ -62,7 +62,8 @@ class Scorer(Protocol):
     """Rewards one finished episode: (breakdown, the generator's result or None when nothing was generated)."""
 
     async def ascore(self, env: tool_env.ToolEnv, state: tool_env.EnvState
-                     ) -> tuple[combine.RewardBreakdown, images_lib.GenerationResult | None]: ...
+                     ) -> tuple[combine.RewardBreakdown, images_lib.GenerationResult | None]:
+        """Rewards the finished episode in `state`; returns the breakdown and the generation, if any."""
 
 
 class EpisodeCache:
@@ -105,6 +106,7 @@ class EpisodeSpec:
 
     @property
     def rid(self) -> str:
+        """The episode's request id, `group_id/sample_index`, unique within a run."""
         return f"{self.group_id}/{self.sample_index}"
 
 

@@ -124,4 +124,5 @@ class HarnessPolicy:
         self._histories.pop(rid, None)
 
     async def aclose(self) -> None:
+        """Closes the chat client."""
         await self.client.aclose()

@@ -45,6 +45,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
+        """Whether sampling is greedy (temperature 0)."""
         return self.temperature == 0
 
 
@@ -125,11 +126,14 @@ class Policy(Protocol):
     token_exact: bool
     has_logprobs: bool
 
-    async def generate(self, request: TurnRequest) -> Generation: ...
+    async def generate(self, request: TurnRequest) -> Generation:
+        """The next assistant turn of the episode `request.rid`."""
 
-    async def release(self, rid: str) -> None: ...
+    async def release(self, rid: str) -> None:
+        """Frees what the backend holds for episode `rid` once it has ended."""
 
-    async def aclose(self) -> None: ...
+    async def aclose(self) -> None:
+        """Closes the backend's connections."""
 
 
 def text_generation(tokenizer: Tokenizer, text: str, *, max_new_tokens: int, policy_version: int = 0,
@@ -167,6 +171,7 @@ class ScriptedPolicy:
         self.agent, self.tokenizer, self.name, self.policy_version = agent, tokenizer, name, policy_version
 
     async def generate(self, request: TurnRequest) -> Generation:
+        """The scripted agent's next turn, encoded as if the policy had produced it."""
         text = self.agent.act(request.state)
         return text_generation(self.tokenizer, text, max_new_tokens=request.max_new_tokens,
                                policy_version=self.policy_version)

@@ -65,6 +65,7 @@ def episode_seed(seed: int, group_index: int, sample_index: int) -> int:
 
 
 def group_id(run_id: str, group_index: int, task: core.Task) -> str:
+    """The id of one GRPO group: `run_id/group_index/task_id`."""
     return f"{run_id}/{group_index:06d}/{task.id}"
 
 

@@ -104,6 +104,7 @@ class SamplerPolicy:
 
     @property
     def num_rows(self) -> int:
+        """Rows of the KV-cache session (episodes that can be in flight at once)."""
         return self.session.num_rows
 
     def update_weights(self, model: Any, *, policy_version: int) -> None:

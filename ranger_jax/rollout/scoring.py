@@ -32,6 +32,7 @@ class OfflineScorer:
 
     async def ascore(self, env: tool_env.ToolEnv, state: tool_env.EnvState
                      ) -> tuple[combine.RewardBreakdown, images_lib.GenerationResult | None]:
+        """The exact offline reward of the episode in `state`; nothing is generated."""
         return await self.reward.ascore(state.task, answer=state.answer, termination=state.termination,
                                         images=state.images)
 
@@ -64,6 +65,7 @@ class LiveScorer:
 
     async def ascore(self, env: tool_env.ToolEnv, state: tool_env.EnvState
                      ) -> tuple[combine.RewardBreakdown, images_lib.GenerationResult | None]:
+        """The live reward of the episode in `state`: generator, then judges."""
         episode = live.Episode(question=state.task.prompt, ground_truth=self.ground_truth(state.task),
                                answer=state.answer, termination=state.termination, images=state.images)
         return await self.reward.ascore(episode)

@@ -49,6 +49,7 @@ class VisionSettings:
 
     @property
     def factor(self) -> int:
+        """Pixels per merged image token along each side (patch_size * merge_size)."""
         return self.patch_size * self.merge_size
 
 

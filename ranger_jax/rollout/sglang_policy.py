@@ -20,6 +20,7 @@ _TRAILING_NUMBER = re.compile(r"(\d+)$")
 
 
 def png_data_url(png: bytes) -> str:
+    """PNG bytes as a `data:image/png;base64,` URL."""
     return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
 
 
@@ -79,4 +80,5 @@ class SGLangPolicy:
         self._images.pop(rid, None)
 
     async def aclose(self) -> None:
+        """Closes the SGLang client."""
         await self.client.aclose()

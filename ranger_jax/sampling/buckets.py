@@ -39,18 +39,23 @@ class Buckets:
                 raise ValueError(f"Buckets.{field.name} must be a positive int, got {value!r}")
 
     def batch(self, n: int) -> int:
+        """Padded batch size (rows B) for `n` rows."""
         return round_up(n, self.min_batch)
 
     def length(self, n: int) -> int:
+        """Padded append length (T) for `n` tokens."""
         return round_up(n, self.min_length)
 
     def cache(self, n: int) -> int:
+        """Padded KV-cache size (slots S) for `n` tokens."""
         return round_up(n, self.min_cache)
 
     def new_tokens(self, n: int) -> int:
+        """Padded output buffer length for `n` new tokens."""
         return round_up(n, self.min_new_tokens)
 
     def stop_ids(self, n: int) -> int:
+        """Padded count of stop ids per row for `n` ids."""
         return round_up(n, self.min_stop_ids)
 
     def patches(self, n: int, merge: int) -> int:
@@ -59,6 +64,7 @@ class Buckets:
         return unit * round_up(-(-n // unit), max(1, self.min_patches // unit))
 
     def images(self, n: int) -> int:
+        """Padded image count for `n` images (the dummy padding image included)."""
         return round_up(n, self.min_images)
 
 

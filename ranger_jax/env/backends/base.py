@@ -23,6 +23,8 @@ class SearchUnavailable(BackendError):
 
 @dataclasses.dataclass(frozen=True)
 class TextHit:
+    """One text search result (web or news)."""
+
     title: str
     url: str
     snippet: str
@@ -32,6 +34,8 @@ class TextHit:
 
 @dataclasses.dataclass(frozen=True)
 class ImageHit:
+    """One image search result: the image URL and the page it appears on."""
+
     title: str
     image_url: str
     page_url: str | None = None
@@ -43,6 +47,8 @@ class ImageHit:
 
 @dataclasses.dataclass(frozen=True)
 class Page:
+    """A fetched page reduced to its main text."""
+
     url: str  # final URL after redirects
     title: str
     text: str  # main text, markdown or plain
@@ -75,15 +81,20 @@ class FetchedImage:
 class Backend(Protocol):
     """Search and fetch for the tools. `tbs` is Google's date filter syntax (see `parse_tbs`)."""
 
-    async def text_search(self, query: str, *, top_k: int, tbs: str | None = None) -> list[TextHit]: ...
+    async def text_search(self, query: str, *, top_k: int, tbs: str | None = None) -> list[TextHit]:
+        """Up to `top_k` web results for `query`, optionally date-filtered by `tbs`."""
 
-    async def image_search(self, query: str, *, top_k: int, tbs: str | None = None) -> list[ImageHit]: ...
+    async def image_search(self, query: str, *, top_k: int, tbs: str | None = None) -> list[ImageHit]:
+        """Up to `top_k` image results for `query`, optionally date-filtered by `tbs`."""
 
-    async def fetch_page(self, url: str) -> Page: ...
+    async def fetch_page(self, url: str) -> Page:
+        """The main text of the page at `url`; raises BackendError when it cannot be read."""
 
-    async def fetch_image(self, url: str, *, page_url: str | None = None) -> FetchedImage: ...
+    async def fetch_image(self, url: str, *, page_url: str | None = None) -> FetchedImage:
+        """The image at `url` (found on `page_url`, when known); raises BackendError on failure."""
 
-    async def aclose(self) -> None: ...
+    async def aclose(self) -> None:
+        """Closes the backend's connections and files."""
 
 
 _QDR_DAYS = {"h": 1 / 24, "d": 1, "w": 7, "m": 31, "y": 366}

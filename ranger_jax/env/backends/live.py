@@ -110,23 +110,29 @@ class LiveBackend:
         )
 
     async def text_search(self, query: str, *, top_k: int, tbs: str | None = None) -> list[base.TextHit]:
+        """Serper web search, cut to `top_k` results."""
         hits = await self.search.search(query, num=10 if top_k <= 10 else serper.MAX_NUM, tbs=tbs)
         return hits[:top_k]
 
     async def news_search(self, query: str, *, top_k: int, tbs: str | None = None) -> list[base.TextHit]:
+        """Serper news search, cut to `top_k` results."""
         hits = await self.search.news(query, num=10 if top_k <= 10 else serper.MAX_NUM, tbs=tbs)
         return hits[:top_k]
 
     async def image_search(self, query: str, *, top_k: int, tbs: str | None = None) -> list[base.ImageHit]:
+        """Serper image search, cut to `top_k` results."""
         hits = await self.search.images(query, num=10 if top_k <= 10 else serper.MAX_NUM, tbs=tbs)
         return hits[:top_k]
 
     async def fetch_page(self, url: str) -> base.Page:
+        """The main text of a web page, fetched through the URL guard."""
         return await self.fetcher.fetch_page(url)
 
     async def fetch_image(self, url: str, *, page_url: str | None = None) -> base.FetchedImage:
+        """Image bytes from the web, fetched through the URL guard."""
         return await self.fetcher.fetch_image(url, page_url=page_url)
 
     async def aclose(self) -> None:
+        """Closes the Serper client and the web fetcher."""
         await self.search.aclose()
         await self.fetcher.aclose()

@@ -136,4 +136,5 @@ class SerperClient:
                 for i, r in enumerate(rows) if isinstance(r, dict) and _str(r.get("imageUrl"))]
 
     async def aclose(self) -> None:
+        """Closes the HTTP session."""
         await self.session.aclose()

@@ -32,6 +32,8 @@ class PermanentFetchError(base.BackendError):
 
 
 class BodyTooLarge(PermanentFetchError):
+    """A response body over the byte limit (known from Content-Length or found while reading)."""
+
     def __init__(self, url: str, limit: int, size: int | None = None):
         self.url, self.limit, self.size = url, limit, size
         got = f"{size} bytes" if size is not None else f"more than {limit} bytes"
@@ -40,6 +42,8 @@ class BodyTooLarge(PermanentFetchError):
 
 @dataclasses.dataclass
 class BodyInfo:
+    """What the transport learnt about a body: the URL it came from and whether it was cut."""
+
     final_url: str
     truncated: bool = False
 
@@ -132,6 +136,7 @@ class GuardedTransport(httpx.AsyncBaseTransport):
         self._inner = httpx.AsyncHTTPTransport(trust_env=False, limits=httpx.Limits(max_keepalive_connections=0))
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        """Sends `request`, following redirects itself so every hop is checked and pinned."""
         url = str(request.url)
         for hop in range(self.max_redirects + 1):
             target = await self.guard.resolve(url)
@@ -166,4 +171,5 @@ class GuardedTransport(httpx.AsyncBaseTransport):
         )
 
     async def aclose(self) -> None:
+        """Closes the inner transport."""
         await self._inner.aclose()

@@ -137,6 +137,7 @@ class UrlGuard:
         self.allow_hosts = frozenset(allowed)
 
     def is_allowed(self, host: str, port: int) -> bool:
+        """Whether `host:port` is on the explicit allow list (which bypasses the address checks)."""
         return (host, port) in self.allow_hosts or (host, None) in self.allow_hosts
 
     def check_syntax(self, url: str) -> tuple[Target, IPAddress | None]:

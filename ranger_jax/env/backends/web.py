@@ -282,6 +282,7 @@ class WebFetcher:
         return response.content, media
 
     async def aclose(self) -> None:
+        """Closes the web session and the Jina reader session, if any."""
         await self._web.aclose()
         if self._jina is not None:
             await self._jina.aclose()

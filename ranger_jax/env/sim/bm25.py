@@ -52,6 +52,7 @@ class Index:
 
     @property
     def avgdl(self) -> float:
+        """Mean document length in tokens (BM25's avgdl)."""
         return sum(self.doc_len) / max(1, len(self.doc_len))
 
     def to_json(self) -> dict[str, Any]:

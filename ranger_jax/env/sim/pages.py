@@ -44,6 +44,7 @@ def full_name(entity: Entity) -> str:
 
 
 def pattern_phrase(entity: Entity) -> str:
+    """The entity's pattern in words, with its secondary colour filled in."""
     return catalog.PATTERN_PHRASES[entity.attributes.pattern].format(c=entity.attributes.secondary)
 
 

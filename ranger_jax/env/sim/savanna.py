@@ -51,6 +51,7 @@ class Episode:
     score: rewards.SimScore
 
     def row(self) -> dict[str, Any]:
+        """The episode as one flat report row (scores rounded to 4 places)."""
         s = self.score
         return {"task_id": self.task_id, "domain": self.domain, "subcategory": self.subcategory,
                 "termination": self.termination, "num_turns": self.num_turns, "num_tool_calls": self.num_tool_calls,

@@ -85,6 +85,7 @@ LAYOUTS: Mapping[str, Layout] = {
 
 
 def layout_of(key: str) -> Layout:
+    """The layout of an HF key: the entry of its longest suffix in `LAYOUTS`."""
     parts = key.split(".")
     for n in range(len(parts), 0, -1):
         layout = LAYOUTS.get(".".join(parts[-n:]))
@@ -106,12 +107,14 @@ def hf_shape(layout: Layout, shape: tuple[int, ...], config: config_lib.Qwen3VLC
 
 
 def to_ours(layout: Layout, tensor: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """An HF tensor in our layout, reshaped to `shape`."""
     if layout.kind in ("same", "flat"):
         return tensor.reshape(shape)
     return np.ascontiguousarray(tensor.reshape(tensor.shape[0], -1).T).reshape(shape)
 
 
 def to_hf(layout: Layout, array: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """Our array in the HF layout, reshaped to the HF `shape`."""
     if layout.kind in ("same", "flat"):
         return array.reshape(shape)
     in_dims = layout.in_dims if layout.kind == "linear" else 1
@@ -137,9 +140,11 @@ class SafetensorsFile:
         self.data_start = 8 + header_len
 
     def shape(self, key: str) -> tuple[int, ...]:
+        """The shape of tensor `key`, read from the header."""
         return tuple(self.entries[key]["shape"])
 
     def get(self, key: str) -> np.ndarray:
+        """Tensor `key` as a read-only memory map of the file (nothing is copied)."""
         entry = self.entries[key]
         if entry["dtype"] not in _SAFETENSORS_DTYPES:
             raise CheckpointError(f"{self.path}: key {key} has unsupported dtype {entry['dtype']}")

@@ -188,6 +188,7 @@ class VisionConfig:
 
     @property
     def head_dim(self) -> int:
+        """Width of one vision attention head (hidden_size / num_heads)."""
         return self.hidden_size // self.num_heads
 
     @property
@@ -244,10 +245,12 @@ class Qwen3VLConfig:
 
     @property
     def compute_dtype(self) -> jnp.dtype:
+        """The jnp dtype of activations and matmuls (`dtype`)."""
         return DTYPES[self.dtype]
 
     @property
     def parameter_dtype(self) -> jnp.dtype:
+        """The jnp dtype parameters are stored in (`param_dtype`)."""
         return DTYPES[self.param_dtype]
 
     # ----- presets ---------------------------------------------------------------------------------------------

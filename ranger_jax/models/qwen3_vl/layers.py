@@ -23,11 +23,13 @@ class Init(NamedTuple):
     std: float = 0.0  # for "normal"
 
     def draw(self, key: jax.Array, shape: tuple[int, ...], dtype: jnp.dtype) -> jax.Array:
+        """A fresh parameter of `shape` and `dtype`, drawn on device from `key`."""
         if self.kind == "normal":
             return (self.std * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
         return (jnp.ones if self.kind == "ones" else jnp.zeros)(shape, dtype)
 
     def draw_host(self, rng: np.random.Generator, shape: tuple[int, ...], dtype: jnp.dtype) -> np.ndarray:
+        """The same draw on the host, with numpy's generator `rng`."""
         if self.kind == "normal":
             return (self.std * rng.standard_normal(shape, dtype=np.float32)).astype(dtype)
         return (np.ones if self.kind == "ones" else np.zeros)(shape, dtype)
