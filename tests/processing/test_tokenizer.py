@@ -8,7 +8,7 @@ from support.tiny_tokenizer import DEFAULT_SPECIAL_IDS, write_tiny_tokenizer
 
 from ranger_jax.processing import tokenizer as tokenizer_lib
 
-QWEN_IDS = {  # reference/qwen3_vl.md §9
+QWEN_IDS = {  # the real Qwen3 vocabulary's special ids (its tokenizer.json)
     "endoftext_id": 151643, "im_start_id": 151644, "im_end_id": 151645, "vision_start_id": 151652,
     "vision_end_id": 151653, "vision_pad_id": 151654, "image_pad_id": 151655, "video_pad_id": 151656,
     "tool_call_id": 151657, "tool_call_end_id": 151658, "tool_response_id": 151665,

@@ -4,7 +4,7 @@
         client = SGLangClient(server.url)
         result = client.generate(input_ids, image_data=[...], sampling_params={...})
 
-Routes (wire_formats.md §1, sglang 0.5.23): `POST /generate` (`input_ids` already processor-expanded, `image_data`
+Routes (as in sglang 0.5.23): `POST /generate` (`input_ids` already processor-expanded, `image_data`
 decoded and preprocessed with our processor, `return_logprob`, `sampling_seed`), `GET /health`,
 `GET /get_model_info`, `POST|GET /flush_cache`, `POST /update_weights_from_disk` (loads a checkpoint directory with
 `qwen3_vl.load` and swaps the weights in). Errors use SGLang's bodies: contract violations (unknown sampling param,

@@ -9,7 +9,7 @@
 The tiny tokenizer is built like Qwen3's (NFC, the Qwen split regex, byte-level BPE) with merges learned
 from a fixed corpus, so it is deterministic and splits text into several tokens per word. Its default
 ids for `<|vision_start|>`, `<|vision_end|>`, `<|image_pad|>` and `<|video_pad|>` (3, 4, 5, 6) match the
-tiny HF Qwen3-VL config of reference/jax_stack.md §7.
+token ids of the tiny Qwen3-VL configs in the model tests.
 """
 
 from __future__ import annotations

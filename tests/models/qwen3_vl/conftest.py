@@ -3,7 +3,8 @@
 - "scaled_8b": the 8B's proportions scaled down: 4:1 GQA, head_dim 32 with uneven mrope_section (6, 5, 5),
   a depth-4 tower with DeepStack taps at blocks (1, 2), untied head, 6 x 6 learned position grid.
 - "tied": tied embeddings (as 2B / 4B), attention biases, taps (0, 2) of a depth-3 tower, mrope (3, 3, 2).
-- "jax_stack": the tiny config of reference/jax_stack.md §7.
+- "minimal": the smallest: 2 layers, 4:2 GQA with head_dim 16, mrope (4, 2, 2), a depth-2 tower tapping both
+  blocks, 8 x 8 learned position grid (also saved as a bfloat16 checkpoint).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ CONFIGS = {
         vision_config=_vision(depth=3, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=48,
                               num_position_embeddings=16, deepstack_visual_indexes=(0, 2)),
         tie_word_embeddings=True, **_IDS),
-    "jax_stack": Qwen3VLConfig(
+    "minimal": Qwen3VLConfig(
         text_config=_text(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                           num_attention_heads=4, num_key_value_heads=2, head_dim=16, mrope_section=(4, 2, 2),
                           max_position_embeddings=2048),

@@ -69,7 +69,7 @@ def test_sharded_index_checkpoint_loads_like_single_file(checkpoints, tmp_path):
 
 
 def test_bf16_checkpoint_loads_exactly(configs, tmp_path):
-    hf = tiny_hf.save_checkpoint(configs["jax_stack"], tmp_path / "hf", seed=3, dtype=torch.bfloat16)
+    hf = tiny_hf.save_checkpoint(configs["minimal"], tmp_path / "hf", seed=3, dtype=torch.bfloat16)
     assert checkpoint.SafetensorsFile(tmp_path / "hf" / checkpoint.SINGLE_FILE).entries[
         "model.visual.pos_embed.weight"]["dtype"] == "BF16"
     model = load(tmp_path / "hf", dtype=jnp.bfloat16)
@@ -80,7 +80,7 @@ def test_bf16_checkpoint_loads_exactly(configs, tmp_path):
     _assert_same_weights(reloaded, hf)  # bf16 -> ours -> bf16 is bit-exact
     upcast = load(tmp_path / "hf", dtype=jnp.float32)
     q = hf.model.language_model.layers[1].self_attn.q_proj.weight.detach().float().numpy()  # [N*H, D]
-    t = configs["jax_stack"].text_config
+    t = configs["minimal"].text_config
     np.testing.assert_array_equal(np.asarray(upcast.model.language_model.layers[1].self_attn.q_proj.weight[...]),
                                   q.T.reshape(t.hidden_size, t.num_attention_heads, t.head_dim))
 

@@ -25,7 +25,7 @@ def test_presets_have_the_released_shapes():
     assert c8.vision_config.deepstack_visual_indexes == (8, 16, 24) and not c8.tie_word_embeddings
     assert c8.text_config.num_key_value_groups == 4 and c8.vision_config.head_dim == 72
     assert c8.vision_config.patch_features == 1536 and c8.vision_config.merged_size == 4608
-    assert 8.7e9 < _count_params(c8) < 8.8e9  # reference/qwen3_vl.md §1: ~8.77 B
+    assert 8.7e9 < _count_params(c8) < 8.8e9  # Qwen3-VL-8B-Instruct: ~8.77 B
     c4, c2 = Qwen3VLConfig.qwen3_vl_4b(), Qwen3VLConfig.qwen3_vl_2b()
     assert c4.tie_word_embeddings and c2.tie_word_embeddings
     assert (c2.text_config.hidden_size, c2.text_config.num_attention_heads, c2.vision_config.hidden_size) == (
@@ -154,7 +154,7 @@ def test_from_hf_rejects_unsupported_files():
 
 
 def test_interleaved_axes_follow_transformers():
-    """(24, 20, 20) over 64 slots: THW repeated 20 times, then TTTT (reference/qwen3_vl.md §5)."""
+    """(24, 20, 20) over 64 slots: THW repeated 20 times, then TTTT, as transformers lays them out."""
     axes = config_lib.interleaved_mrope_axes((24, 20, 20), 64)
     assert axes[:6] == (0, 1, 2, 0, 1, 2) and axes[60:] == (0, 0, 0, 0)
     assert [axes.count(a) for a in range(3)] == [24, 20, 20]

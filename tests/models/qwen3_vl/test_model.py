@@ -21,7 +21,7 @@ def _max_diff(ours, ref, mask) -> float:
     return float(np.abs(np.asarray(ours) - ref)[np.asarray(mask, bool)].max())
 
 
-@pytest.mark.parametrize("name", ["scaled_8b", "tied", "jax_stack"])
+@pytest.mark.parametrize("name", ["scaled_8b", "tied", "minimal"])
 def test_logits_match_transformers_with_images(checkpoints, image_batch, name):
     case = checkpoints(name)
     batch = image_batch(case.config)
@@ -39,7 +39,7 @@ def test_einsum_kernel_logits_match_transformers(checkpoints, image_batch):
     assert _max_diff(logits, tiny_hf.hf_logits(case.hf, batch), batch["attention_mask"]) <= ATOL
 
 
-@pytest.mark.parametrize("name", ["scaled_8b", "tied", "jax_stack"])
+@pytest.mark.parametrize("name", ["scaled_8b", "tied", "minimal"])
 def test_logits_match_transformers_text_only(checkpoints, text_batch, name):
     case = checkpoints(name)
     batch = text_batch(case.config)
@@ -49,8 +49,8 @@ def test_logits_match_transformers_text_only(checkpoints, text_batch, name):
 
 
 def test_single_image_unpadded_without_attention_mask(checkpoints):
-    case = checkpoints("jax_stack")
-    batch = tiny_hf.make_batch(case.config, [[3, (4, 6), 5]], seed=3)  # jax_stack.md §7: 64x96 image -> [1, 4, 6]
+    case = checkpoints("minimal")
+    batch = tiny_hf.make_batch(case.config, [[3, (4, 6), 5]], seed=3)  # a 64x96 image -> grid [1, 4, 6]
     ref = tiny_hf.hf_logits(case.hf, batch)
     logits = case.model(batch["input_ids"], pixel_values=batch["pixel_values"], image_grid_thw=batch["image_grid_thw"])
     assert np.abs(np.asarray(logits) - ref).max() <= ATOL
@@ -80,7 +80,7 @@ def test_bf16_compute_within_stated_tolerance(checkpoints, image_batch):
 
 
 def test_mixed_precision_fp32_params_bf16_compute(checkpoints, text_batch):
-    case = checkpoints("jax_stack")
+    case = checkpoints("minimal")
     batch = text_batch(case.config)
     ref = tiny_hf.hf_logits(case.hf, batch)
     model = load(case.path, dtype=jnp.bfloat16, param_dtype=jnp.float32)
@@ -90,7 +90,7 @@ def test_mixed_precision_fp32_params_bf16_compute(checkpoints, text_batch):
 
 
 def test_traced_call_inside_user_jit_matches_eager(checkpoints, image_batch):
-    case = checkpoints("jax_stack")
+    case = checkpoints("minimal")
     batch = image_batch(case.config)
     kwargs = tiny_hf.jax_inputs(batch)
     eager = case.model(batch["input_ids"], **kwargs)

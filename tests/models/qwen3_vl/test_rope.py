@@ -22,7 +22,7 @@ def _reference(hf, batch):
     return positions.numpy(), deltas.numpy()[:, 0]
 
 
-@pytest.mark.parametrize("name", ["scaled_8b", "tied", "jax_stack"])
+@pytest.mark.parametrize("name", ["scaled_8b", "tied", "minimal"])
 def test_positions_and_deltas_match_transformers_with_images(checkpoints, image_batch, name):
     case = checkpoints(name)
     batch = image_batch(case.config)
@@ -35,7 +35,7 @@ def test_positions_and_deltas_match_transformers_with_images(checkpoints, image_
 
 
 def test_text_only_padded_matches_transformers(checkpoints, text_batch):
-    case = checkpoints("jax_stack")
+    case = checkpoints("minimal")
     batch = text_batch(case.config)
     positions, deltas = get_rope_index(batch["input_ids"], None, batch["attention_mask"],
                                        image_token_id=case.config.image_token_id, spatial_merge_size=2)
