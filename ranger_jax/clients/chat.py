@@ -337,7 +337,7 @@ class ChatClient:
             return None
         return parse_completion(self.url, hit["body"], hit["response_format"])
 
-    def complete(
+    async def acomplete(
         self,
         messages: Sequence[Mapping[str, Any]],
         *,
@@ -369,7 +369,7 @@ class ChatClient:
         kind, start, bodies = self._attempts(key)
         for i, attempt in enumerate(bodies):
             try:
-                response = self.session.request("POST", "chat/completions", json=attempt)
+                response = await self.session.arequest("POST", "chat/completions", json=attempt)
             except http.StatusError as err:
                 if self._fell_back(bodies, i, err):
                     continue
@@ -377,7 +377,7 @@ class ChatClient:
             return self._finish(key, attempt, response, kind=kind, rung=start + i)
         raise AssertionError("unreachable: the last attempt returns or raises")
 
-    async def acomplete(
+    def complete(
         self,
         messages: Sequence[Mapping[str, Any]],
         *,
@@ -387,26 +387,16 @@ class ChatClient:
         tools: Sequence[Mapping[str, Any]] | None = None,
         extra: Mapping[str, Any] | None = None,
     ) -> ChatResult:
-        """Async twin of `complete` (same arguments, fallbacks, cache and errors)."""
-        key = self._request(messages, temperature, max_tokens, response_format, tools, extra)
-        cached = self._cached(key)
-        if cached is not None:
-            return cached
-        kind, start, bodies = self._attempts(key)
-        for i, attempt in enumerate(bodies):
-            try:
-                response = await self.session.arequest("POST", "chat/completions", json=attempt)
-            except http.StatusError as err:
-                if self._fell_back(bodies, i, err):
-                    continue
-                raise
-            return self._finish(key, attempt, response, kind=kind, rung=start + i)
-        raise AssertionError("unreachable: the last attempt returns or raises")
+        """Sync twin of `acomplete` (same arguments, fallbacks, cache and errors), run on the session's loop."""
+        return self.session.run_sync(self.acomplete(messages, temperature=temperature, max_tokens=max_tokens,
+                                                    response_format=response_format, tools=tools, extra=extra))
 
     def close(self) -> None:
+        """Closes the connection of sync calls (async ones close with `aclose` from their loop)."""
         self.session.close()
 
     async def aclose(self) -> None:
+        """Closes the current loop's connection and the one of sync calls."""
         await self.session.aclose()
 
     def __enter__(self) -> "ChatClient":

@@ -13,16 +13,18 @@ import itertools
 import json
 import logging
 import random
-import threading
 import time
 import uuid
 import weakref
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from typing import Any, TypeVar
 
 import httpx
 
+from ranger_jax import background
+
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=5.0)
 DEFAULT_MAX_RETRIES = 4
@@ -132,34 +134,6 @@ def _next_delay(method: str, url: str, attempt: int, max_retries: int, *,
     return delay
 
 
-def request_with_retries(
-    client: httpx.Client,
-    method: str,
-    url: str,
-    *,
-    max_retries: int = DEFAULT_MAX_RETRIES,
-    sleep: Callable[[float], None] = time.sleep,
-    **kwargs,
-) -> httpx.Response:
-    """Sends one request through `client`, retrying per the module policy; returns a 2xx response.
-
-    Raises:
-        StatusError / RateLimited: a non-retryable status, or a retryable one after `max_retries` retries.
-        TransportFailed: no answer after `max_retries` retries.
-    """
-    kwargs["headers"] = _with_idempotency_key(method, kwargs.get("headers"))
-    for attempt in itertools.count():
-        try:
-            response = client.request(method, url, **kwargs)
-        except httpx.TransportError as err:
-            sleep(_next_delay(method, url, attempt, max_retries, error=err))
-            continue
-        if response.is_success:
-            return response
-        sleep(_next_delay(method, url, attempt, max_retries, response=response))
-    raise AssertionError("unreachable")
-
-
 async def arequest_with_retries(
     client: httpx.AsyncClient,
     method: str,
@@ -169,7 +143,12 @@ async def arequest_with_retries(
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     **kwargs,
 ) -> httpx.Response:
-    """Async twin of `request_with_retries`, with the same policy and errors."""
+    """Sends one request through `client`, retrying per the module policy; returns a 2xx response.
+
+    Raises:
+        StatusError / RateLimited: a non-retryable status, or a retryable one after `max_retries` retries.
+        TransportFailed: no answer after `max_retries` retries.
+    """
     kwargs["headers"] = _with_idempotency_key(method, kwargs.get("headers"))
     for attempt in itertools.count():
         try:
@@ -228,11 +207,12 @@ def as_timeout(timeout: float | httpx.Timeout) -> httpx.Timeout:
 
 
 class Session:
-    """One service's HTTP connection: a sync `httpx.Client`, an `httpx.AsyncClient` per event loop, a
-    concurrency limit shared by all calls, and the module's retry policy.
+    """One service's HTTP connection: an `httpx.AsyncClient` and a concurrency limit per event loop, and the
+    module's retry policy.
 
     An `httpx.AsyncClient` belongs to the event loop that first used it, so each running loop gets its own
-    (created on first use, dropped with the loop); sync calls share one `httpx.Client`.
+    (created on first use, dropped with the loop). Sync calls (`request`, `run_sync`) run on the session's own
+    background loop (`ranger_jax.background`): callers on any number of threads share its client and its limit.
 
     Args:
         base_url: scheme, host, port and optional path prefix; request paths are relative to it.
@@ -263,21 +243,13 @@ class Session:
         self.max_concurrency = max_concurrency
         self.headers = dict(headers or {})
         self._limits = httpx.Limits(max_connections=max(max_concurrency or 0, DEFAULT_MAX_CONNECTIONS))
-        self._client: httpx.Client | None = None
-        self._thread_slots = threading.BoundedSemaphore(max_concurrency) if max_concurrency else None
-        self._lock = threading.Lock()
+        self._background = background.BackgroundLoop("http.Session")
         # event loop -> (its AsyncClient, its concurrency semaphore); entries go away with their loop
         self._async: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def url(self, path: str) -> str:
         """Absolute URL of `path` on this service (for messages and cache keys)."""
         return f"{self.base_url}/{path.lstrip('/')}"
-
-    def _sync_client(self) -> httpx.Client:
-        with self._lock:
-            if self._client is None:
-                self._client = httpx.Client(timeout=self.timeout, headers=self.headers, limits=self._limits)
-            return self._client
 
     def _async_client(self) -> tuple[httpx.AsyncClient, asyncio.Semaphore | None]:
         loop = asyncio.get_running_loop()
@@ -299,7 +271,7 @@ class Session:
             options["timeout"] = as_timeout(timeout)
         return options
 
-    def request(
+    async def arequest(
         self,
         method: str,
         path: str,
@@ -317,17 +289,17 @@ class Session:
         `max_retries` overrides the session's retry count for this call (0 for probes such as health checks).
 
         Raises:
-            StatusError / RateLimited / TransportFailed: as `request_with_retries`.
+            StatusError / RateLimited / TransportFailed: as `arequest_with_retries`.
         """
         options = self._options(json, data, files, params, headers, timeout)
         retries = self.max_retries if max_retries is None else max_retries
-        client = self._sync_client()
-        if self._thread_slots is None:
-            return request_with_retries(client, method, self.url(path), max_retries=retries, **options)
-        with self._thread_slots:
-            return request_with_retries(client, method, self.url(path), max_retries=retries, **options)
+        client, slots = self._async_client()
+        if slots is None:
+            return await arequest_with_retries(client, method, self.url(path), max_retries=retries, **options)
+        async with slots:
+            return await arequest_with_retries(client, method, self.url(path), max_retries=retries, **options)
 
-    async def arequest(
+    def request(
         self,
         method: str,
         path: str,
@@ -340,29 +312,26 @@ class Session:
         timeout: float | httpx.Timeout | None = None,
         max_retries: int | None = None,
     ) -> httpx.Response:
-        """Async twin of `request` (same retries, limit and errors)."""
-        options = self._options(json, data, files, params, headers, timeout)
-        retries = self.max_retries if max_retries is None else max_retries
-        client, slots = self._async_client()
-        if slots is None:
-            return await arequest_with_retries(client, method, self.url(path), max_retries=retries, **options)
-        async with slots:
-            return await arequest_with_retries(client, method, self.url(path), max_retries=retries, **options)
+        """Sync twin of `arequest`, run on the session's background loop."""
+        return self.run_sync(self.arequest(method, path, json=json, data=data, files=files, params=params,
+                                           headers=headers, timeout=timeout, max_retries=max_retries))
 
-    def close(self) -> None:
-        """Closes the sync client (async clients close with `aclose` from their loop)."""
-        with self._lock:
-            if self._client is not None:
-                self._client.close()
-                self._client = None
+    def run_sync(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Runs `coro` (code that calls this session's async methods) on the session's background loop and
+        returns its result: how the clients built on a session give their async methods sync twins."""
+        return self._background.run(coro)
 
-    async def aclose(self) -> None:
-        """Closes the current loop's async client and the sync client."""
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            loop = None
-        pair = self._async.pop(loop, None) if loop is not None else None
+    async def _aclose_loop_client(self) -> None:
+        pair = self._async.pop(asyncio.get_running_loop(), None)
         if pair is not None:
             await pair[0].aclose()
+
+    def close(self) -> None:
+        """Closes the sync calls' client and stops their background loop (async clients of other loops close
+        with `aclose` from their loop)."""
+        self._background.close(self._aclose_loop_client)
+
+    async def aclose(self) -> None:
+        """Closes the current loop's async client and the sync calls' one."""
+        await self._aclose_loop_client()
         self.close()

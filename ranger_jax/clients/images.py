@@ -22,6 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import httpx
 
+from ranger_jax import background
 from ranger_jax.clients import http, media
 
 DEFAULT_TIMEOUT = httpx.Timeout(1800.0, connect=5.0)  # Gen-Searcher's inference timeout
@@ -189,23 +190,9 @@ class SGLangImageGenerator:
             return _failure(f"{url} returned data[0] without b64_json (url={data[0].get('url')!r})", start, facts)
         return _png_result(payload, start, facts, url)
 
-    def generate(self, prompt: str, references: Sequence[media.ImageLike] = (), *, seed: int | None = None,
-                 size: str | tuple[int, int] | None = None) -> GenerationResult:
-        """Generates one image; failures come back as `ok=False` results (see module docstring)."""
-        start = time.monotonic()
-        try:
-            path, options, facts = self._plan(prompt, references, seed, size)
-        except (ValueError, FileNotFoundError) as err:
-            return _failure(f"bad generation request: {err}", start, {"prompt": prompt})
-        try:
-            response = self.session.request("POST", path, **options)
-        except http.ClientError as err:
-            return _failure(_describe(err), start, facts)
-        return self._read(response, start, facts)
-
     async def agenerate(self, prompt: str, references: Sequence[media.ImageLike] = (), *, seed: int | None = None,
                         size: str | tuple[int, int] | None = None) -> GenerationResult:
-        """Async twin of `generate`."""
+        """Generates one image; failures come back as `ok=False` results (see module docstring)."""
         start = time.monotonic()
         try:
             path, options, facts = self._plan(prompt, references, seed, size)
@@ -217,10 +204,17 @@ class SGLangImageGenerator:
             return _failure(_describe(err), start, facts)
         return self._read(response, start, facts)
 
+    def generate(self, prompt: str, references: Sequence[media.ImageLike] = (), *, seed: int | None = None,
+                 size: str | tuple[int, int] | None = None) -> GenerationResult:
+        """Sync twin of `agenerate`."""
+        return self.session.run_sync(self.agenerate(prompt, references, seed=seed, size=size))
+
     def close(self) -> None:
+        """Closes the connection of sync calls (async ones close with `aclose` from their loop)."""
         self.session.close()
 
     async def aclose(self) -> None:
+        """Closes the current loop's connection and the one of sync calls."""
         await self.session.aclose()
 
 
@@ -258,7 +252,7 @@ class GenSearcherGenerator:
         self._in_flight = [0] * len(urls)
         self._order = itertools.count()
         self._lock = threading.Lock()
-        self._thread_slots = threading.BoundedSemaphore(self.max_concurrency)
+        self._background = background.BackgroundLoop("GenSearcherGenerator")
         self._loop_slots: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Semaphore]] = {}
 
     def _body(self, prompt: str, references: Sequence[media.ImageLike], seed: int | None,
@@ -304,25 +298,6 @@ class GenSearcherGenerator:
             return _failure(f"{url} reported success without an 'image' string", start, facts)
         return _png_result(body["image"], start, facts, url)
 
-    def generate(self, prompt: str, references: Sequence[media.ImageLike] = (), *, seed: int | None = None,
-                 size: str | tuple[int, int] | None = None) -> GenerationResult:
-        """Generates one image; failures come back as `ok=False` results."""
-        start = time.monotonic()
-        try:
-            body, facts = self._body(prompt, references, seed, size)
-        except (ValueError, FileNotFoundError) as err:
-            return _failure(f"bad generation request: {err}", start, {"prompt": prompt})
-        with self._thread_slots:
-            index = self._acquire_url()
-            facts["endpoint"] = self.sessions[index].url("generate")
-            try:
-                response = self.sessions[index].request("POST", "generate", json=body)
-            except http.ClientError as err:
-                return _failure(_describe(err), start, facts)
-            finally:
-                self._release_url(index)
-        return self._read(response, start, facts)
-
     def _async_slots(self) -> asyncio.Semaphore:
         loop = asyncio.get_running_loop()
         entry = self._loop_slots.get(id(loop))
@@ -334,7 +309,7 @@ class GenSearcherGenerator:
 
     async def agenerate(self, prompt: str, references: Sequence[media.ImageLike] = (), *, seed: int | None = None,
                         size: str | tuple[int, int] | None = None) -> GenerationResult:
-        """Async twin of `generate`."""
+        """Generates one image; failures come back as `ok=False` results."""
         start = time.monotonic()
         try:
             body, facts = self._body(prompt, references, seed, size)
@@ -351,10 +326,19 @@ class GenSearcherGenerator:
                 self._release_url(index)
         return self._read(response, start, facts)
 
+    def generate(self, prompt: str, references: Sequence[media.ImageLike] = (), *, seed: int | None = None,
+                 size: str | tuple[int, int] | None = None) -> GenerationResult:
+        """Sync twin of `agenerate`, run on the generator's background loop."""
+        return self._background.run(self.agenerate(prompt, references, seed=seed, size=size))
+
     def close(self) -> None:
+        """Closes the connections of sync calls and stops their loop (async ones close with `aclose` from their
+        loop)."""
+        self._background.close(self.aclose)
         for session in self.sessions:
             session.close()
 
     async def aclose(self) -> None:
+        """Closes the current loop's connections and those of sync calls."""
         for session in self.sessions:
             await session.aclose()

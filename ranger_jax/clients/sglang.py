@@ -125,14 +125,6 @@ class SGLangClient:
 
         return _Call("POST", "generate", parse, body=body, error=generate_error)
 
-    def _run(self, call: _Call) -> Any:
-        try:
-            response = self.session.request(call.method, call.path, json=call.body, timeout=call.timeout,
-                                            max_retries=call.max_retries)
-        except http.StatusError as err:
-            raise call.error(err) from err
-        return call.parse(response)
-
     async def _arun(self, call: _Call) -> Any:
         try:
             response = await self.session.arequest(call.method, call.path, json=call.body, timeout=call.timeout,
@@ -143,11 +135,11 @@ class SGLangClient:
 
     # -- /generate -------------------------------------------------------------------------------------
 
-    def generate(self, input_ids: Sequence[int] | np.ndarray | None = None, *, text: str | None = None,
-                 image_data: Sequence[media.ImageLike | str] | None = None,
-                 sampling_params: Mapping[str, Any] | None = None, return_logprob: bool = True,
-                 rid: str | None = None, logprob_start_len: int = -1,
-                 return_text_in_logprobs: bool = False) -> GenerateResult:
+    async def agenerate(self, input_ids: Sequence[int] | np.ndarray | None = None, *, text: str | None = None,
+                        image_data: Sequence[media.ImageLike | str] | None = None,
+                        sampling_params: Mapping[str, Any] | None = None, return_logprob: bool = True,
+                        rid: str | None = None, logprob_start_len: int = -1,
+                        return_text_in_logprobs: bool = False) -> GenerateResult:
         """Generates one continuation.
 
         Args:
@@ -166,157 +158,136 @@ class SGLangClient:
             ContractViolation / InvalidInput / MalformedRequest / RequestAborted: see the module docstring.
             RateLimited / StatusError / TransportFailed / ResponseFormatError: other failures.
         """
-        return self._run(self._generate_call(input_ids, text, image_data, sampling_params, return_logprob, rid,
-                                             logprob_start_len, return_text_in_logprobs))
-
-    async def agenerate(self, input_ids: Sequence[int] | np.ndarray | None = None, *, text: str | None = None,
-                        image_data: Sequence[media.ImageLike | str] | None = None,
-                        sampling_params: Mapping[str, Any] | None = None, return_logprob: bool = True,
-                        rid: str | None = None, logprob_start_len: int = -1,
-                        return_text_in_logprobs: bool = False) -> GenerateResult:
-        """Async twin of `generate`."""
         return await self._arun(self._generate_call(input_ids, text, image_data, sampling_params, return_logprob,
                                                     rid, logprob_start_len, return_text_in_logprobs))
 
+    def generate(self, input_ids: Sequence[int] | np.ndarray | None = None, *, text: str | None = None,
+                 image_data: Sequence[media.ImageLike | str] | None = None,
+                 sampling_params: Mapping[str, Any] | None = None, return_logprob: bool = True,
+                 rid: str | None = None, logprob_start_len: int = -1,
+                 return_text_in_logprobs: bool = False) -> GenerateResult:
+        """Sync twin of `agenerate`."""
+        return self.session.run_sync(self.agenerate(
+            input_ids, text=text, image_data=image_data, sampling_params=sampling_params,
+            return_logprob=return_logprob, rid=rid, logprob_start_len=logprob_start_len,
+            return_text_in_logprobs=return_text_in_logprobs))
+
     # -- control endpoints -----------------------------------------------------------------------------
 
-    @staticmethod
-    def _health_call() -> _Call:
-        return _Call("GET", "health", lambda response: True, max_retries=0, timeout=httpx.Timeout(30.0, connect=2.0))
+    async def ahealth(self) -> bool:
+        """True when `GET /health` answers 200 (False on 503 or no answer; no retries)."""
+        call = _Call("GET", "health", lambda response: True, max_retries=0, timeout=httpx.Timeout(30.0, connect=2.0))
+        try:
+            return await self._arun(call)
+        except (http.StatusError, http.TransportFailed):
+            return False
 
     def health(self) -> bool:
-        """True when `GET /health` answers 200 (False on 503 or no answer; no retries)."""
-        try:
-            return self._run(self._health_call())
-        except (http.StatusError, http.TransportFailed):
-            return False
+        """Sync twin of `ahealth`."""
+        return self.session.run_sync(self.ahealth())
 
-    async def ahealth(self) -> bool:
-        try:
-            return await self._arun(self._health_call())
-        except (http.StatusError, http.TransportFailed):
-            return False
-
-    def wait_until_healthy(self, timeout_s: float = 300.0, *, poll_s: float = 1.0) -> None:
+    async def await_healthy(self, timeout_s: float = 300.0, *, poll_s: float = 1.0) -> None:
         """Polls `/health` until it answers 200.
 
         Raises:
             TimeoutError: still unhealthy after `timeout_s` (the message names the URL).
         """
         deadline = time.monotonic() + timeout_s
-        while not self.health():
-            if time.monotonic() >= deadline:
-                raise TimeoutError(f"{self.session.url('health')} not healthy after {timeout_s:.0f}s")
-            time.sleep(poll_s)
-
-    async def await_healthy(self, timeout_s: float = 300.0, *, poll_s: float = 1.0) -> None:
-        """Async twin of `wait_until_healthy`."""
-        deadline = time.monotonic() + timeout_s
         while not await self.ahealth():
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"{self.session.url('health')} not healthy after {timeout_s:.0f}s")
             await asyncio.sleep(poll_s)
 
-    @staticmethod
-    def _model_info_call() -> _Call:
-        return _Call("GET", "get_model_info", parse_model_info)
-
-    def get_model_info(self) -> ModelInfo:
-        return self._run(self._model_info_call())
+    def wait_until_healthy(self, timeout_s: float = 300.0, *, poll_s: float = 1.0) -> None:
+        """Sync twin of `await_healthy`."""
+        self.session.run_sync(self.await_healthy(timeout_s, poll_s=poll_s))
 
     async def aget_model_info(self) -> ModelInfo:
-        return await self._arun(self._model_info_call())
+        """The served model's facts from `GET /get_model_info`."""
+        return await self._arun(_Call("GET", "get_model_info", parse_model_info))
 
-    @staticmethod
-    def _flush_call() -> _Call:
-        return _Call("POST", "flush_cache", lambda response: response.text, error=as_error(CacheFlushFailed))
-
-    def flush_cache(self) -> str:
-        """Flushes the radix cache; returns the server's plain-text message. Raises CacheFlushFailed on 400."""
-        return self._run(self._flush_call())
+    def get_model_info(self) -> ModelInfo:
+        """Sync twin of `aget_model_info`."""
+        return self.session.run_sync(self.aget_model_info())
 
     async def aflush_cache(self) -> str:
-        return await self._arun(self._flush_call())
+        """Flushes the radix cache; returns the server's plain-text message. Raises CacheFlushFailed on 400."""
+        call = _Call("POST", "flush_cache", lambda response: response.text, error=as_error(CacheFlushFailed))
+        return await self._arun(call)
 
-    @staticmethod
-    def _update_weights_call(model_path: str, weight_version: str | None, load_format: str | None,
-                             abort_all_requests: bool, flush_cache: bool) -> _Call:
-        if not model_path:
-            raise ValueError("update_weights_from_disk needs a model_path")
-        body = {"model_path": str(model_path), "load_format": load_format, "abort_all_requests": abort_all_requests,
-                "weight_version": weight_version, "flush_cache": flush_cache}
-        return _Call("POST", "update_weights_from_disk", parse_weight_update, body=body,
-                     timeout=WEIGHT_UPDATE_TIMEOUT, error=as_error(WeightUpdateFailed))
-
-    def update_weights_from_disk(self, model_path: str, *, weight_version: str | None = None,
-                                 load_format: str | None = None, abort_all_requests: bool = False,
-                                 flush_cache: bool = True) -> WeightUpdate:
-        """Loads new weights from `model_path` (HF layout on storage the server can read).
-
-        Raises:
-            WeightUpdateFailed: the server answered `success: false` (its message is kept).
-        """
-        return self._run(self._update_weights_call(model_path, weight_version, load_format, abort_all_requests,
-                                                   flush_cache))
+    def flush_cache(self) -> str:
+        """Sync twin of `aflush_cache`."""
+        return self.session.run_sync(self.aflush_cache())
 
     async def aupdate_weights_from_disk(self, model_path: str, *, weight_version: str | None = None,
                                         load_format: str | None = None, abort_all_requests: bool = False,
                                         flush_cache: bool = True) -> WeightUpdate:
-        return await self._arun(self._update_weights_call(model_path, weight_version, load_format,
-                                                          abort_all_requests, flush_cache))
+        """Loads new weights from `model_path` (HF layout on storage the server can read).
 
-    @staticmethod
-    def _weight_version_call(new_version: str, abort_all_requests: bool) -> _Call:
-        body = {"new_version": str(new_version), "abort_all_requests": abort_all_requests}
-        return _Call("POST", "update_weight_version", parse_weight_version, body=body, error=as_error(WeightUpdateFailed))
+        Raises:
+            ValueError: an empty `model_path`.
+            WeightUpdateFailed: the server answered `success: false` (its message is kept).
+        """
+        if not model_path:
+            raise ValueError("update_weights_from_disk needs a model_path")
+        body = {"model_path": str(model_path), "load_format": load_format, "abort_all_requests": abort_all_requests,
+                "weight_version": weight_version, "flush_cache": flush_cache}
+        return await self._arun(_Call("POST", "update_weights_from_disk", parse_weight_update, body=body,
+                                      timeout=WEIGHT_UPDATE_TIMEOUT, error=as_error(WeightUpdateFailed)))
 
-    def update_weight_version(self, new_version: str, *, abort_all_requests: bool = True) -> str:
-        """Relabels the loaded weights; returns the new version."""
-        return self._run(self._weight_version_call(new_version, abort_all_requests))
+    def update_weights_from_disk(self, model_path: str, *, weight_version: str | None = None,
+                                 load_format: str | None = None, abort_all_requests: bool = False,
+                                 flush_cache: bool = True) -> WeightUpdate:
+        """Sync twin of `aupdate_weights_from_disk`."""
+        return self.session.run_sync(self.aupdate_weights_from_disk(
+            model_path, weight_version=weight_version, load_format=load_format,
+            abort_all_requests=abort_all_requests, flush_cache=flush_cache))
 
     async def aupdate_weight_version(self, new_version: str, *, abort_all_requests: bool = True) -> str:
-        return await self._arun(self._weight_version_call(new_version, abort_all_requests))
+        """Relabels the loaded weights; returns the new version."""
+        body = {"new_version": str(new_version), "abort_all_requests": abort_all_requests}
+        return await self._arun(_Call("POST", "update_weight_version", parse_weight_version, body=body,
+                                      error=as_error(WeightUpdateFailed)))
 
-    @staticmethod
-    def _pause_call(mode: str) -> _Call:
-        if mode not in PAUSE_MODES:
-            raise ValueError(f"pause mode must be one of {PAUSE_MODES}, got {mode!r}")
-        return _Call("POST", "pause_generation", json_object, body={"mode": mode})
-
-    def pause_generation(self, mode: str = "abort") -> None:
-        """Pauses generation: `abort` returns in-flight requests, `retract` requeues them, `in_place` freezes."""
-        self._run(self._pause_call(mode))
+    def update_weight_version(self, new_version: str, *, abort_all_requests: bool = True) -> str:
+        """Sync twin of `aupdate_weight_version`."""
+        return self.session.run_sync(self.aupdate_weight_version(new_version, abort_all_requests=abort_all_requests))
 
     async def apause_generation(self, mode: str = "abort") -> None:
-        await self._arun(self._pause_call(mode))
+        """Pauses generation: `abort` returns in-flight requests, `retract` requeues them, `in_place` freezes."""
+        if mode not in PAUSE_MODES:
+            raise ValueError(f"pause mode must be one of {PAUSE_MODES}, got {mode!r}")
+        await self._arun(_Call("POST", "pause_generation", json_object, body={"mode": mode}))
 
-    @staticmethod
-    def _continue_call() -> _Call:
-        return _Call("POST", "continue_generation", json_object, body={})
-
-    def continue_generation(self) -> None:
-        self._run(self._continue_call())
+    def pause_generation(self, mode: str = "abort") -> None:
+        """Sync twin of `apause_generation`."""
+        self.session.run_sync(self.apause_generation(mode))
 
     async def acontinue_generation(self) -> None:
-        await self._arun(self._continue_call())
+        """Resumes generation after `pause_generation`."""
+        await self._arun(_Call("POST", "continue_generation", json_object, body={}))
 
-    @staticmethod
-    def _abort_call(rid: str | None, abort_all: bool) -> _Call:
-        if rid is None and not abort_all:
-            raise ValueError("abort_request needs a rid, or abort_all=True")
-        return _Call("POST", "abort_request", lambda response: None, body={"rid": rid or "", "abort_all": abort_all})
-
-    def abort_request(self, rid: str | None = None, *, abort_all: bool = False) -> None:
-        """Aborts request `rid` (or all); the aborted `/generate` call returns with finish_reason `abort`."""
-        self._run(self._abort_call(rid, abort_all))
+    def continue_generation(self) -> None:
+        """Sync twin of `acontinue_generation`."""
+        self.session.run_sync(self.acontinue_generation())
 
     async def aabort_request(self, rid: str | None = None, *, abort_all: bool = False) -> None:
-        await self._arun(self._abort_call(rid, abort_all))
+        """Aborts request `rid` (or all); the aborted `/generate` call returns with finish_reason `abort`."""
+        if rid is None and not abort_all:
+            raise ValueError("abort_request needs a rid, or abort_all=True")
+        await self._arun(_Call("POST", "abort_request", lambda response: None,
+                               body={"rid": rid or "", "abort_all": abort_all}))
+
+    def abort_request(self, rid: str | None = None, *, abort_all: bool = False) -> None:
+        """Sync twin of `aabort_request`."""
+        self.session.run_sync(self.aabort_request(rid, abort_all=abort_all))
 
     def close(self) -> None:
+        """Closes the connection of sync calls (async ones close with `aclose` from their loop)."""
         self.session.close()
 
     async def aclose(self) -> None:
+        """Closes the current loop's connection and the one of sync calls."""
         await self.session.aclose()
 
     def __enter__(self) -> "SGLangClient":

@@ -15,19 +15,18 @@ vision token (`prompts.strip_control_tokens`), so rendering it cannot add image 
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import datetime as dt
 import logging
 import shutil
 import tempfile
-import threading
 import weakref
 from collections.abc import Mapping
 from typing import Any
 
 from PIL import Image
 
+from ranger_jax import background
 from ranger_jax.clients import chat
 from ranger_jax.env import config as config_lib
 from ranger_jax.env import core, images, parsing, prompts, summarizer, tool_runner, tools
@@ -134,9 +133,7 @@ class ToolEnv:
             reader = summarizer.PageSummarizer(client, max_tokens=self.config.summarizer_max_tokens,
                                                chunk_chars=self.config.summarizer_chunk_chars)
         self.runner = tool_runner.ToolRunner(backend, self.store, self.config, reader)
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._loop_thread: threading.Thread | None = None
-        self._loop_lock = threading.Lock()
+        self._background = background.BackgroundLoop("ToolEnv")
 
     # ---- prompt side -------------------------------------------------------------------------------------
 
@@ -186,10 +183,8 @@ class ToolEnv:
 
     def step(self, state: EnvState, assistant_text: str, *, truncated: bool = False
              ) -> tuple[EnvState, core.Observation]:
-        """Applies one policy turn; see `astep`. Runs on the env's own event loop thread."""
-        future = asyncio.run_coroutine_threadsafe(self.astep(state, assistant_text, truncated=truncated),
-                                                  self._background_loop())
-        return future.result()
+        """Applies one policy turn; see `astep`. Runs on the env's own background loop."""
+        return self._background.run(self.astep(state, assistant_text, truncated=truncated))
 
     async def astep(self, state: EnvState, assistant_text: str, *, truncated: bool = False
                     ) -> tuple[EnvState, core.Observation]:
@@ -329,15 +324,6 @@ class ToolEnv:
 
     # ---- lifecycle ---------------------------------------------------------------------------------------
 
-    def _background_loop(self) -> asyncio.AbstractEventLoop:
-        with self._loop_lock:
-            if self._loop is None:
-                self._loop = asyncio.new_event_loop()
-                self._loop_thread = threading.Thread(target=self._loop.run_forever, name="ToolEnv-loop", daemon=True)
-                self._loop_thread.start()
-                self._stop_loop = weakref.finalize(self, self._loop.call_soon_threadsafe, self._loop.stop)
-            return self._loop
-
     async def aclose(self) -> None:
         """Closes the backend's and summariser's clients of the running loop."""
         await self.backend.aclose()
@@ -346,15 +332,7 @@ class ToolEnv:
 
     def close(self) -> None:
         """Closes clients, stops the background loop and removes the env-owned image folder."""
-        with self._loop_lock:
-            loop, self._loop = self._loop, None
-        if loop is not None:
-            self._stop_loop.detach()
-            asyncio.run_coroutine_threadsafe(self.aclose(), loop).result()
-            loop.call_soon_threadsafe(loop.stop)
-            if self._loop_thread is not None:
-                self._loop_thread.join()
-            loop.close()
+        self._background.close(self.aclose)
         if self._owned_dir is not None:
             self._cleanup()
             self._owned_dir = None

@@ -24,6 +24,19 @@ def server():
         yield s
 
 
+def retried(method, url, *, client_timeout=None, **kwargs) -> httpx.Response:
+    """`arequest_with_retries` through a fresh AsyncClient, from sync test code."""
+    async def run():
+        async with httpx.AsyncClient(timeout=client_timeout or httpx.Timeout(5.0)) as client:
+            return await http.arequest_with_retries(client, method, url, **kwargs)
+
+    return asyncio.run(run())
+
+
+async def no_sleep(seconds: float) -> None:
+    pass
+
+
 def count_delta(server, method, path):
     before = server.count(method, path)
     return lambda: server.count(method, path) - before
@@ -32,8 +45,7 @@ def count_delta(server, method, path):
 def test_retries_429_with_retry_after_then_succeeds(server):
     server.fail_next("POST", "/ok", Reply(status=429, headers=NO_WAIT), Reply(status=503, headers=NO_WAIT))
     calls = count_delta(server, "POST", "/ok")
-    with httpx.Client() as client:
-        response = http.request_with_retries(client, "POST", f"{server.url}/ok", json={"a": 1})
+    response = retried("POST", f"{server.url}/ok", json={"a": 1})
     assert response.json() == {"echo": {"a": 1}}
     assert calls() == 3
 
@@ -41,24 +53,23 @@ def test_retries_429_with_retry_after_then_succeeds(server):
 def test_idempotency_key_is_reused_across_retries(server):
     server.fail_next("POST", "/ok", Reply(status=500, headers=NO_WAIT))
     start = len(server.requests)
-    with httpx.Client() as client:
-        http.request_with_retries(client, "POST", f"{server.url}/ok", json={})
+    retried("POST", f"{server.url}/ok", json={})
     keys = {r.headers.get("Idempotency-Key") for r in server.requests[start:]}
     assert len(keys) == 1 and None not in keys
 
 
 def test_rate_limited_after_retries_names_url_and_status(server):
     server.fail_next("POST", "/ok", *[Reply(status=429, headers=NO_WAIT, body=b"slow down")] * 3)
-    with httpx.Client() as client, pytest.raises(http.RateLimited, match=r"HTTP 429 from http://127\.0\.0\.1:\d+/ok: slow down") as info:
-        http.request_with_retries(client, "POST", f"{server.url}/ok", max_retries=2, json={})
+    with pytest.raises(http.RateLimited, match=r"HTTP 429 from http://127\.0\.0\.1:\d+/ok: slow down") as info:
+        retried("POST", f"{server.url}/ok", max_retries=2, json={})
     assert info.value.status == 429 and info.value.body == "slow down"
 
 
 def test_non_retryable_status_raises_at_once(server):
     server.fail_next("POST", "/ok", Reply.json({"error": "bad"}, status=400))
     calls = count_delta(server, "POST", "/ok")
-    with httpx.Client() as client, pytest.raises(http.StatusError, match="HTTP 400") as info:
-        http.request_with_retries(client, "POST", f"{server.url}/ok", json={})
+    with pytest.raises(http.StatusError, match="HTTP 400") as info:
+        retried("POST", f"{server.url}/ok", json={})
     assert calls() == 1 and not isinstance(info.value, http.RateLimited)
 
 
@@ -70,14 +81,17 @@ def closed_port() -> int:
 
 def test_transport_failure_names_url():
     url = f"http://127.0.0.1:{closed_port()}/x"
-    with httpx.Client() as client, pytest.raises(http.TransportFailed, match=r"request to http://127\.0\.0\.1:\d+/x failed: ConnectError"):
-        http.request_with_retries(client, "GET", url, max_retries=1, sleep=lambda s: None)
+    with pytest.raises(http.TransportFailed, match=r"request to http://127\.0\.0\.1:\d+/x failed: ConnectError"):
+        retried("GET", url, max_retries=1, sleep=no_sleep)
 
 
 def test_timeout_is_a_transport_failure(server):
-    with httpx.Client(timeout=httpx.Timeout(0.2, connect=1.0)) as client:
-        with pytest.raises(http.TransportFailed, match="ReadTimeout"):
-            http.request_with_retries(client, "GET", f"{server.url}/slow", max_retries=0)
+    with pytest.raises(http.TransportFailed, match="ReadTimeout"):
+        retried("GET", f"{server.url}/slow", client_timeout=httpx.Timeout(0.2, connect=1.0), max_retries=0)
+    session = http.Session(server.url, timeout=0.2, max_retries=0)
+    with pytest.raises(http.TransportFailed, match="ReadTimeout"):  # the sync twin keeps the per-call timeout
+        session.request("GET", "slow")
+    session.close()
 
 
 def test_parse_retry_after_and_delay_caps():
@@ -91,8 +105,7 @@ def test_parse_retry_after_and_delay_caps():
 
 
 def test_json_body_error_names_url(server):
-    with httpx.Client() as client:
-        response = http.request_with_retries(client, "GET", f"{server.url}/text")
+    response = retried("GET", f"{server.url}/text")
     with pytest.raises(http.ResponseFormatError, match=r"unexpected response from http://127\.0\.0\.1:\d+/text: body is not JSON"):
         http.json_body(response)
 
@@ -158,7 +171,7 @@ def test_session_per_call_retries_and_argument_errors(server):
         http.as_timeout(0)
 
 
-def test_async_retry_loop_matches_the_sync_one(server):
+def test_retry_loop_keeps_one_client_across_calls(server):
     server.fail_next("POST", "/ok", Reply(status=429, headers=NO_WAIT), Reply(status=500, headers=NO_WAIT))
     calls = count_delta(server, "POST", "/ok")
 
