@@ -64,9 +64,15 @@ def _clip(text: str, limit: int) -> str:
     return text[:limit] + f"\n[… cut: {len(text) - limit} more characters]"
 
 
-def _error_text(err: BaseException) -> str:
+def _failure_text(err: Exception, what: str) -> str:
+    """What the policy is told about a failed call (`what`, e.g. "text_search 'x'").
+
+    Failures of the backend, of a remote service or a rejected image are expected and told as they are; any
+    other exception is told with its type and logged with its traceback, as it points at a bug.
+    """
     if isinstance(err, (base.BackendError, http.ClientError, images.ImageRejected)):
         return str(err)
+    log.warning("%s failed unexpectedly", what, exc_info=err)
     return f"{type(err).__name__}: {err}"
 
 
@@ -134,10 +140,9 @@ class ToolRunner:
             else:
                 hits = await self.backend.text_search(query, top_k=call.top_k, tbs=call.tbs)
         except Exception as err:  # noqa: BLE001 — any failure is reported to the policy
-            if not isinstance(err, (base.BackendError, http.ClientError)):
-                log.warning("text_search %r failed unexpectedly", query, exc_info=err)
-            return f"--- search result for [{query}] ---\nSearch failed: {_error_text(err)}\n" \
-                   f"--- end of search result ---", type(err).__name__
+            failure = _failure_text(err, f"text_search {query!r}")
+            return f"--- search result for [{query}] ---\nSearch failed: {failure}\n--- end of search result ---", \
+                type(err).__name__
         return _format_text_hits(query, list(hits)[: call.top_k]), None
 
     async def _text_search(self, call: tools.TextSearch) -> ToolResult:
@@ -151,9 +156,7 @@ class ToolRunner:
             fetched = await self.backend.fetch_image(hit.image_url, page_url=hit.page_url)
             return self.store.add(fetched.data, source=hit.image_url, trusted_file=fetched.trusted_file)
         except Exception as err:  # noqa: BLE001
-            if not isinstance(err, (base.BackendError, http.ClientError, images.ImageRejected)):
-                log.warning("image download %s failed unexpectedly", hit.image_url, exc_info=err)
-            return _error_text(err)
+            return _failure_text(err, f"image download {hit.image_url}")
 
     async def _image_search(self, call: tools.ImageSearch, ledger: Ledger) -> ToolResult:
         info: dict[str, Any] = {"tool": tools.IMAGE_SEARCH, "query": call.query}
@@ -162,10 +165,9 @@ class ToolRunner:
             hits = await self.backend.image_search(call.query, top_k=min(2 * call.top_k, MAX_IMAGE_CANDIDATES),
                                                    tbs=call.tbs)
         except Exception as err:  # noqa: BLE001
-            if not isinstance(err, (base.BackendError, http.ClientError)):
-                log.warning("image_search %r failed unexpectedly", call.query, exc_info=err)
             info["error"] = type(err).__name__
-            return ToolResult(body=f"{header}\nImage search failed: {_error_text(err)}\n{footer}", info=info)
+            failure = _failure_text(err, f"image_search {call.query!r}")
+            return ToolResult(body=f"{header}\nImage search failed: {failure}\n{footer}", info=info)
         candidates, seen = [], set()
         for hit in hits:
             if hit.image_url and hit.image_url not in seen:
@@ -206,9 +208,8 @@ class ToolRunner:
         try:
             page = await self.backend.fetch_page(url)
         except Exception as err:  # noqa: BLE001
-            if not isinstance(err, (base.BackendError, http.ClientError)):
-                log.warning("web_fetch %s failed unexpectedly", url, exc_info=err)
-            return f"{header}\nCould not read the page: {_error_text(err)}\n{footer}", type(err).__name__
+            failure = _failure_text(err, f"web_fetch {url}")
+            return f"{header}\nCould not read the page: {failure}\n{footer}", type(err).__name__
         meta = f"title: {page.title or '(none)'}" + (f"\ndate: {page.date}" if page.date else "")
         if page.url != url:
             meta = f"final url: {page.url}\n{meta}"

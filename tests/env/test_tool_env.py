@@ -2,6 +2,7 @@ import asyncio
 import copy
 import datetime as dt
 import json
+import logging
 import pickle
 
 import pytest
@@ -306,12 +307,17 @@ class _BrokenBackend:
         pass
 
 
-def test_backend_bugs_never_escape_step(make_env):
+def test_backend_bugs_never_escape_step(make_env, caplog):
     e = make_env(backend=_BrokenBackend())
     state = e.reset(TASK)
-    state, obs = e.step(state, call("text_search", queries=["a"]))
-    assert "Search failed: KeyError" in obs.text and not obs.done
-    state, obs = e.step(state, call("web_fetch", url="https://x.org", prompt="p"))
-    assert "Could not read the page: ZeroDivisionError" in obs.text
-    state, obs = e.step(state, call("image_search", query="a"))
-    assert "not a readable image" in obs.text and obs.images == ()
+    with caplog.at_level(logging.WARNING, logger="ranger_jax.env.tool_runner"):
+        state, obs = e.step(state, call("text_search", queries=["a"]))
+        assert "Search failed: KeyError" in obs.text and not obs.done
+        state, obs = e.step(state, call("web_fetch", url="https://x.org", prompt="p"))
+        assert "Could not read the page: ZeroDivisionError" in obs.text
+        state, obs = e.step(state, call("image_search", query="a"))
+        assert "not a readable image" in obs.text and obs.images == ()
+    # bugs are logged with their traceback; a rejected image is an expected failure and is not
+    logged = [(r.getMessage(), r.exc_info[0]) for r in caplog.records if r.name == "ranger_jax.env.tool_runner"]
+    assert logged == [("text_search 'a' failed unexpectedly", KeyError),
+                      ("web_fetch https://x.org failed unexpectedly", ZeroDivisionError)]
