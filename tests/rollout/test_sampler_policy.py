@@ -1,4 +1,5 @@
-"""The tiny random policy end to end: in-process JAX sampler and an SGLang server backed by the same sampler."""
+"""The tiny random policy end to end: the in-process JAX sampler, and the same sampler behind a loopback server
+speaking SGLang's native API (which tests our SGLang wire path, not SGLang itself)."""
 
 import asyncio
 
@@ -79,8 +80,9 @@ def test_recorded_logprobs_are_the_models_on_the_recorded_tokens(random_groups, 
     np.testing.assert_allclose(traj.sampler_logprobs[positions], expected, atol=1e-4)
 
 
-def test_in_process_sampler_and_sglang_server_give_identical_trajectories(
+def test_trajectories_survive_the_sglang_wire_path(
         tiny_env, tiny_sampler, tiny_renderer, tiny_config, tiny_checkpoint, tasks, scorer):
+    """Whole episodes through `SGLangPolicy` and HTTP equal the in-process ones, with our sampler on both sides."""
     config = runner.RolloutConfig(group_size=2, concurrency=1, seed=9, run_id="same", episode=tiny_config())
     local = sampler_policy.SamplerPolicy(tiny_sampler, num_rows=ROWS, capacity=CAPACITY)
     ours = runner.run(tiny_env, local, tasks[2:3], renderer=tiny_renderer, config=config, scorer=scorer)

@@ -1,5 +1,6 @@
-"""The SGLang policy against the loopback SGLang server backed by our sampler: images across turns, the wire
-contract's errors, weight updates and cache flushes."""
+"""The SGLang wire path of a rollout: `SGLangPolicy` and `SGLangClient` against a loopback server that speaks
+SGLang's native API with OUR sampler behind it (no SGLang runs here). Images across turns, the wire contract's
+errors, weight updates and cache flushes."""
 
 import asyncio
 
@@ -69,7 +70,9 @@ def play(pol, renderer, state):
     return asyncio.run(go())
 
 
-def test_images_across_turns_match_the_in_process_sampler(server, tiny_sampler, tiny_renderer, tiny_env, tasks):
+def test_images_across_turns_survive_the_wire_path(server, tiny_sampler, tiny_renderer, tiny_env, tasks):
+    """The same sampler in process and behind the wire gives equal tokens and log-probs: the requests carry what
+    the server needs to reproduce the local turns (cumulative PNG data URLs, expanded ids, seed, rid)."""
     state = tiny_env.reset(tasks[0])
     local = play(sampler_policy.SamplerPolicy(tiny_sampler, num_rows=ROWS, capacity=CAPACITY), tiny_renderer, state)
     server.flush()
