@@ -46,6 +46,7 @@ class EnvConfig:
     """Tools and limits of one `ToolEnv` (defaults follow Gen-Searcher, reference/agent_protocol.md §8)."""
 
     tools: tuple[str, ...] = tools.TOOL_NAMES  # enabled tools, canonical names
+    prompt_style: str = "full"  # system prompt: "full" (rules + JSON tool schemas) or "compact" (small policies)
     max_turns: int = 9  # policy turns before the forced final-answer turn
     final_answer_turn: bool = True  # after max_turns, one "FINAL STEP" turn (else the episode ends: max_turns)
     max_tool_calls: int = 8  # executed tool calls per episode; then the next turn is the final one
@@ -69,12 +70,14 @@ class EnvConfig:
     summarizer_cache_dir: str | None = None
 
     def __post_init__(self):
+        if self.prompt_style not in ("full", "compact"):
+            raise ValueError(f"prompt_style must be 'full' or 'compact'; got {self.prompt_style!r}")
         if isinstance(self.tools, str) or not isinstance(self.tools, (list, tuple)):
             raise ValueError(f"tools must be a list of tool names from {list(tools.TOOL_NAMES)}; got {self.tools!r}")
         object.__setattr__(self, "tools", tuple(self.tools))
-        unknown = [t for t in self.tools if t not in tools.TOOL_NAMES]
+        unknown = [t for t in self.tools if t not in tools.ALL_TOOL_NAMES]
         if unknown or not self.tools:
-            raise ValueError(f"tools {list(self.tools)} must be a non-empty subset of {list(tools.TOOL_NAMES)}")
+            raise ValueError(f"tools {list(self.tools)} must be a non-empty subset of {list(tools.ALL_TOOL_NAMES)}")
         if len(set(self.tools)) != len(self.tools):
             raise ValueError(f"tools {list(self.tools)} names a tool more than once")
         if not isinstance(self.final_answer_turn, bool):

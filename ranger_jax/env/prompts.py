@@ -95,6 +95,33 @@ def system_prompt(schemas: list[dict[str, Any]], *, today: dt.date, max_tool_cal
     return f"{_ROLE}\n\n{rules}\n\n{tool_block(schemas)}\n\nToday's date: {today.isoformat()}"
 
 
+_COMPACT = """Find what the user's picture needs, then answer. Each turn output exactly one \
+<tool_call>{{"name": ..., "arguments": {{...}}}}</tool_call> or <answer>{{"gen_prompt": "...", \
+"reference_images": [{{"img_id": "IMG_001", "note": "..."}}]}}</answer>. At most {max_tool_calls} tool calls; \
+cite at most {max_refs} image ids.
+Tools:"""
+
+
+def _signature(schema: dict[str, Any]) -> str:
+    """`name(arg, arg?)`: a tool's name and arguments, optional ones marked with `?`."""
+    function = schema["function"]
+    required = set(function["parameters"].get("required", ()))
+    args = ", ".join(a + ("" if a in required else "?") for a in function["parameters"]["properties"])
+    return f"{function['name']}({args})"
+
+
+def compact_system_prompt(schemas: list[dict[str, Any]], *, today: dt.date, max_tool_calls: int,
+                          max_refs: int) -> str:
+    """A short system prompt (the protocol and one line per tool, about 150 tokens) for small policies with
+    short contexts; the tools, formats and limits are those of `system_prompt`."""
+    head = _COMPACT.format(max_tool_calls=max_tool_calls, max_refs=max_refs)
+    lines = [head, *(f"- {_signature(s)}: {s['function']['description']}" for s in schemas)]
+    return "\n".join(lines) + f"\nToday's date: {today.isoformat()}"
+
+
+PROMPT_STYLES = {"full": system_prompt, "compact": compact_system_prompt}
+
+
 def tool_response(body: str) -> str:
     """`body` wrapped in the `<tool_response>` tags of the chat format."""
     return f"<tool_response>\n{body}\n</tool_response>"

@@ -117,6 +117,9 @@ class ToolEnv:
                  rewards: Mapping[str, Any] | None = None):
         self.backend = backend
         self.config = config or config_lib.EnvConfig()
+        if tools.FIND_OBJECT in self.config.tools and getattr(backend, "object_finder", None) is None:
+            raise ValueError(f"tool {tools.FIND_OBJECT!r} needs a backend that recognises objects from pixels "
+                             f"(an `object_finder`, as the offline world has); {type(backend).__name__} has none")
         self.rewards = core.FrozenDict(config_lib.check_rewards(dict(rewards or {}), "rewards"))
         self._owned_dir = None
         store_dir = self.config.image_store
@@ -143,8 +146,8 @@ class ToolEnv:
                                   max_images=self.config.max_images_per_turn, news=self.runner.has_news)
 
     def system_prompt(self, task: core.Task) -> str:
-        """The system prompt: protocol rules, the `# Tools` block and today's date for `task`."""
-        return prompts.system_prompt(self.tool_schemas(), today=_today(task, self.backend),
+        """The system prompt (style `config.prompt_style`): protocol, tools and today's date for `task`."""
+        return prompts.PROMPT_STYLES[self.config.prompt_style](self.tool_schemas(), today=_today(task, self.backend),
                                      max_tool_calls=self.config.max_tool_calls, max_refs=self.config.max_answer_refs)
 
     def reset(self, task: core.Task) -> EnvState:

@@ -127,6 +127,8 @@ class ToolRunner:
             result = await self._image_search(call, ledger)
         elif isinstance(call, tools.WebFetch):
             result = await self._web_fetch(call)
+        elif isinstance(call, tools.FindObject):
+            result = await asyncio.to_thread(self._find_object, call, ledger)
         else:
             result = self._crop(call, ledger)
         body = _clip(result.body, self.config.max_observation_chars)
@@ -229,6 +231,52 @@ class ToolRunner:
         errors = [e for _, e in outs if e]
         return ToolResult(body="\n\n".join(t for t, _ in outs),
                           info={"tool": tools.WEB_FETCH, "urls": list(call.urls), "errors": errors})
+
+    def _find_object(self, call: tools.FindObject, ledger: Ledger) -> ToolResult:
+        """Finds the best match for the description in the episode's searched images and crops it."""
+        info: dict[str, Any] = {"tool": tools.FIND_OBJECT}
+        finder = getattr(self.backend, "object_finder", None)
+        if finder is None:
+            info["error"] = "unavailable"
+            return ToolResult(body="find_object is not available with this backend.", info=info)
+        try:
+            finder.parse(call.description)
+        except ValueError as err:
+            info["error"] = "description"
+            return ToolResult(body=f"Cannot find an object: {err}", info=info)
+        unknown = [i for i in call.img_ids if i not in ledger.images]
+        if unknown:
+            info["error"] = "unknown_img_id"
+            known = ", ".join(sorted(ledger.images)) or "none yet"
+            return ToolResult(body=f"Cannot search {', '.join(unknown)}: no such image in this episode "
+                                   f"(known ids: {known}).", info=info)
+        candidates = [ledger.images[i] for i in call.img_ids] if call.img_ids else \
+            [r for i, r in sorted(ledger.images.items()) if r.parent_id is None]
+        if not candidates:
+            info["error"] = "no_images"
+            return ToolResult(body="No images to look in yet: run image_search first.", info=info)
+        best = None
+        for record in candidates:
+            try:
+                pixels = self.store.open(record.path, record.sha256)
+            except OSError:
+                continue
+            for found in finder.find(pixels, call.description)[:1]:
+                if best is None or found.score > best[1].score:
+                    best = (record, found)
+        searched = ", ".join(r.img_id for r in candidates)
+        info["searched"] = len(candidates)
+        if best is None:
+            info["error"] = "not_found"
+            return ToolResult(body=f"No object matching {call.description!r} in {searched}.", info=info)
+        record, found = best
+        bbox = finder.crop_box(found, record.width, record.height)
+        crop = self._crop(tools.CropImage(img_id=record.img_id, bbox=list(bbox)), ledger)
+        info.update(crop.info, tool=tools.FIND_OBJECT, match=found.score, pattern=found.pattern)
+        seen = f"{found.colours[0]} with {found.colours[1]} {found.pattern}" if found.pattern else \
+            f"{found.colours[0]} and {found.colours[1]}"
+        body = f"Best match in {record.img_id} ({seen}, match {found.score:.2f}). {crop.body}"
+        return ToolResult(body=body, shown=crop.shown, info=info)
 
     def _crop(self, call: tools.CropImage, ledger: Ledger) -> ToolResult:
         info: dict[str, Any] = {"tool": tools.CROP_IMAGE, "img_id": call.img_id}

@@ -1,6 +1,8 @@
-"""The four tools: their JSON schemas, Gen-Searcher aliases, and argument checking into typed calls.
+"""The tools: their JSON schemas, Gen-Searcher aliases, and argument checking into typed calls.
 
-`text_search(queries, top_k)`, `image_search(query, top_k)`, `web_fetch(url, prompt)`, `crop_image(img_id, bbox)`.
+`text_search(queries, top_k)`, `image_search(query, top_k)`, `web_fetch(url, prompt)`, `crop_image(img_id, bbox)`,
+and the optional perception aid `find_object(description)` (offered only by backends that can recognise objects
+from pixels, see `env.perception`; not in the default set).
 Gen-Searcher's `search` (`query`/`queries`, str or list) and `browse`/`visit` (`url` or a list of ≤ 5 urls,
 `query`/`goal`) map onto them, so their trajectories replay. Optional date filters: `time_range`
 (hour|day|week|month|year) or a raw Google `tbs`, checked with `base.parse_tbs`.
@@ -20,14 +22,16 @@ TEXT_SEARCH = "text_search"
 IMAGE_SEARCH = "image_search"
 WEB_FETCH = "web_fetch"
 CROP_IMAGE = "crop_image"
-TOOL_NAMES = (TEXT_SEARCH, IMAGE_SEARCH, WEB_FETCH, CROP_IMAGE)
+FIND_OBJECT = "find_object"
+TOOL_NAMES = (TEXT_SEARCH, IMAGE_SEARCH, WEB_FETCH, CROP_IMAGE)  # the default tool set
+ALL_TOOL_NAMES = TOOL_NAMES + (FIND_OBJECT,)
 ALIASES = {"search": TEXT_SEARCH, "browse": WEB_FETCH, "visit": WEB_FETCH}
 TIME_RANGES = {"hour": "qdr:h", "day": "qdr:d", "week": "qdr:w", "month": "qdr:m", "year": "qdr:y"}
 MAX_TEXT_TOP_K = 10
 MAX_FETCH_URLS = 5
 # Longest argument strings: Google cuts queries at 2048 characters, servers refuse URLs past ~8 KB, and a page
 # reader's question needs no more than a paragraph.
-MAX_CHARS = {"queries": 2048, "query": 2048, "url": 8192, "prompt": 4096, "tbs": 200}
+MAX_CHARS = {"queries": 2048, "query": 2048, "url": 8192, "prompt": 4096, "tbs": 200, "description": 512}
 
 
 class ArgumentError(ValueError):
@@ -61,7 +65,13 @@ class CropImage:
     bbox: Any  # checked against the image size by images.check_bbox
 
 
-Call = TextSearch | ImageSearch | WebFetch | CropImage
+@dataclasses.dataclass(frozen=True)
+class FindObject:
+    description: str
+    img_ids: tuple[str, ...] = ()  # empty: every searched image of the episode
+
+
+Call = TextSearch | ImageSearch | WebFetch | CropImage | FindObject
 
 _TIME_PROPS = {
     "time_range": {"type": "string", "enum": list(TIME_RANGES),
@@ -106,9 +116,19 @@ def tool_schemas(*, tools: tuple[str, ...] = TOOL_NAMES, max_queries: int = 3, m
                       "description": "[x0, y0, x1, y1] as fractions (0-1) of width and height; x0 < x1, y0 < y1."}},
             ["img_id", "bbox"],
         ),
+        FIND_OBJECT: (
+            "Find the object that matches a description of its colours and pattern (e.g. \"green with orange "
+            "dots\") in the images you have seen, and get a clean crop of the best match as a new image id.",
+            {"description": {"type": "string",
+                             "description": "Ground colour, then motif colour and pattern, e.g. \"navy with white "
+                                            "stripes\"."},
+             "img_ids": {"type": "array", "items": {"type": "string"},
+                         "description": "Only look in these images (default: every image from image_search)."}},
+            ["description"],
+        ),
     }
     out = []
-    for name in TOOL_NAMES:
+    for name in ALL_TOOL_NAMES:
         if name in tools:
             description, props, required = schemas[name]
             out.append({"type": "function", "function": {
@@ -243,6 +263,23 @@ def check_call(call: parsing.ToolCall, *, enabled: tuple[str, ...] = TOOL_NAMES,
             raise ArgumentError(f"{call.name} needs 'prompt': what to look for on the page")
         return WebFetch(urls=_string_list(call.name, "url", urls, MAX_FETCH_URLS),
                         prompt=_text(call.name, "prompt", prompt))
+    if tool == FIND_OBJECT:
+        _check_keys(call.name, args, ("description", "query", "img_ids"))
+        description = _pick(call.name, args, "description", "query")
+        if description is None:
+            raise ArgumentError(f"{call.name} needs 'description': the object's colours and pattern")
+        raw_ids = args.get("img_ids") or []
+        if isinstance(raw_ids, str):
+            raw_ids = [raw_ids]
+        if not isinstance(raw_ids, list):
+            raise ArgumentError(f"{call.name}: 'img_ids' must be a list of ids like \"IMG_003\"; got {raw_ids!r}")
+        ids = []
+        for raw in raw_ids:
+            img_id = parsing.normalise_img_id(raw)
+            if img_id is None:
+                raise ArgumentError(f"{call.name}: 'img_ids' entries must look like \"IMG_003\"; got {raw!r}")
+            ids.append(img_id)
+        return FindObject(description=_text(call.name, "description", description), img_ids=tuple(ids))
     _check_keys(call.name, args, ("img_id", "image_id", "bbox", "box"))
     raw_id = _pick(call.name, args, "img_id", "image_id")
     if raw_id is None:

@@ -16,7 +16,8 @@ import re
 from pathlib import Path
 
 from ranger_jax.env.backends.base import BackendError, FetchedImage, ImageHit, Page, TextHit, parse_tbs
-from ranger_jax.env.sim import bm25, world
+from ranger_jax.env import perception
+from ranger_jax.env.sim import bm25, catalog, render, world
 
 MAX_TOP_K = 20
 SNIPPET_CHARS = 220
@@ -58,6 +59,8 @@ class OfflineBackend:
         self.root = Path(world_dir)
         self._root_abs = self.root.resolve()
         self.world = world.load_world(self.root)
+        # Pixel-only recognition of the world's painted objects, for the optional find_object tool.
+        self.object_finder = perception.ObjectFinder(palette=catalog.COLOURS, patterns=render.pattern_drawers())
         self.today: dt.date = self.world.today
         index_path = self.root / world.INDEX_FILE
         try:

@@ -231,3 +231,12 @@ def render_scene(items: list[tuple[Entity, str, float]], rng: random.Random) -> 
     for (entity, shape, _), box in zip(items, boxes):
         draw_entity(image, entity, shape, box)
     return image, boxes
+
+
+def pattern_drawers() -> dict[str, "functools.partial[Image.Image]"]:
+    """Pattern name -> `(width, height, ground RGB, motif RGB) -> tile`: how the world paints each motif.
+
+    What a perception model trained on this world's pictures would know about its patterns; used by the
+    pixel-only object finder (`ranger_jax.env.perception`).
+    """
+    return {name: functools.partial(_pattern, name) for name in catalog.PATTERNS}

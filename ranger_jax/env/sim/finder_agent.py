@@ -1,0 +1,108 @@
+"""A scripted Locate–Corroborate–Isolate agent that perceives only through the `find_object` tool.
+
+Unlike `agents.ExpertAgent`, whose perception reads the world's annotations (an oracle), this agent sees
+nothing but tool observations: it reads fact sheets from fetched pages and lets the pixel-only `find_object`
+tool (`ranger_jax.env.perception`) find and crop the object with the fact sheet's colours and pattern. It is
+the teacher whose trajectories a small policy can imitate step for step, since every decision it makes can be
+made from what the policy sees. Turns are compact (no `<think>` by default): search the request's proper nouns,
+read the most promising page, search images of the release by name, find the object, answer.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from ranger_jax.env import tools
+from ranger_jax.env.sim import agents, bm25
+
+MAX_FETCHES = 3
+MAX_IMAGE_SEARCHES = 2
+MAX_FINDS = 2
+_BEST_MATCH = re.compile(r"Best match in (IMG_\d+).*?(IMG_\d+): crop of", re.DOTALL)
+
+
+def describe_look(release: agents.Release) -> str:
+    """The look of a release as `find_object` reads it: "green with orange dots"."""
+    return f"{release.attributes.primary} with {release.attributes.secondary} {release.attributes.pattern}"
+
+
+class FinderAgent:
+    """Locate (text_search, web_fetch), Corroborate (image_search by name), Isolate (find_object), answer.
+
+    Args:
+        think: write a short `<think>` before each call (off: the turn is only the call).
+        top_k: results per text search.
+    """
+
+    def __init__(self, *, think: bool = False, top_k: int = 8):
+        self.think = think
+        self.top_k = top_k
+
+    def _call(self, name: str, arguments: dict[str, Any], thought: str) -> str:
+        if self.think:
+            return agents.tool_call(name, arguments, thought)
+        body = agents.json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
+        return f"<tool_call>\n{body}\n</tool_call>"
+
+    def _answer(self, gen_prompt: str, img_id: str | None, note: str, thought: str) -> str:
+        refs = [(img_id, note)] if img_id else []
+        return agents.answer(gen_prompt, refs, thought if self.think else None)
+
+    def act(self, state: Any) -> str:
+        """The next assistant turn for `state`."""
+        turns = agents.read_history(state)
+        prompt = state.task.prompt
+        subject = agents.subject_query(prompt)
+        recent = agents.wants_recent(prompt)
+        searches = [t for t in turns if t.name == tools.TEXT_SEARCH]
+        fetched = [t for t in turns if t.name == tools.WEB_FETCH]
+        image_searches = [t for t in turns if t.name == tools.IMAGE_SEARCH]
+        finds = [t for t in turns if t.name == tools.FIND_OBJECT]
+        release, sure = agents.ExpertAgent._choose(prompt, agents.ExpertAgent._releases(turns), state.today)
+        crop = next((m.group(2) for t in reversed(finds) if (m := _BEST_MATCH.search(t.response))), None)
+        if state.final_turn or (crop is not None and release is not None):
+            return self._finish(state, release, crop)
+        if not searches:
+            args: dict[str, Any] = {"queries": [subject], "top_k": self.top_k}
+            if recent:
+                args["time_range"] = "month"
+            return self._call(tools.TEXT_SEARCH, args, f"I look up which {subject} is meant.")
+        if (release is None or not sure) and len(fetched) < MAX_FETCHES:
+            done = {t.arguments.get("url") for t in fetched}
+            todo = [h for h in agents.ExpertAgent._hits(turns) if h["url"] not in done]
+            if todo:
+                words = set(bm25.tokenize(subject))
+
+                def is_launch(text: str) -> bool:
+                    return any(m.group(0).lower() not in words for m in agents._LAUNCH.finditer(text))
+
+                def priority(hit: dict[str, str]) -> tuple:
+                    launch = is_launch(hit["title"]) or is_launch(hit["snippet"])
+                    overlap = len(words & set(bm25.tokenize(hit["title"])))
+                    return (overlap, launch, hit["date"] if recent else "")
+
+                hit = max(todo, key=priority)
+                return self._call(tools.WEB_FETCH, {"url": hit["url"], "prompt": "fact sheet"},
+                                  f"I read '{hit['title']}' for the fact sheet.")
+        if release is None:
+            return self._finish(state, None, None)
+        if len(image_searches) < len(finds) + 1 and len(image_searches) < MAX_IMAGE_SEARCHES:
+            args = {"query": release.name}
+            if not image_searches:
+                args["time_range"] = "month" if recent else "year"
+            return self._call(tools.IMAGE_SEARCH, args, f"I search pictures of the {release.name}.")
+        if len(finds) < MAX_FINDS and image_searches:
+            return self._call(tools.FIND_OBJECT, {"description": describe_look(release)},
+                              f"I find the {describe_look(release)} object.")
+        return self._finish(state, release, None)
+
+    def _finish(self, state: Any, release: agents.Release | None, crop: str | None) -> str:
+        prompt = state.task.prompt.rstrip(".")
+        if release is None:
+            first = min(state.images) if state.images else None
+            return self._answer(prompt + ".", first, "closest image found", "I could not pin down the release.")
+        gen_prompt = (f"{prompt}. Subject: the {release.name}, {describe_look(release)}, "
+                      f"{release.attributes.emblem} emblem, as in the first reference image.")
+        img_id = crop or (min(state.images) if state.images else None)
+        return self._answer(gen_prompt, img_id, f"the {release.name}", f"I have the {release.name}.")
