@@ -1,10 +1,10 @@
 """The `ranger` command.
 
-`ranger demo` is the main job on embedded defaults until the GRPO recipe lands: it builds a tiny random Qwen3-VL
-checkpoint, saves it in the Hugging Face layout, loads it back, runs it on text and an image; builds a small
-offline "wild web" world and scores the scripted Locate–Corroborate–Isolate expert against the naive agent; then
-runs rollouts (the expert, whose token-exact trajectories are SFT data, and the tiny random policy through the
-in-process KV-cache sampler), writes them to trajectory shards and renders an HTML viewer of the expert's shard.
+`ranger demo` runs the library end to end on embedded defaults: it builds a tiny random Qwen3-VL checkpoint, saves
+it in the Hugging Face layout, loads it back, runs it on text and an image; builds a small offline "wild web" world
+and scores the scripted Locate–Corroborate–Isolate expert against the naive agent; then runs rollouts (the expert,
+whose token-exact trajectories are SFT data, and the tiny random policy through the in-process KV-cache sampler),
+writes them to trajectory shards and renders an HTML viewer of the expert's shard.
 """
 
 from __future__ import annotations
