@@ -252,8 +252,8 @@ def main() -> None:
 
 def print_table(result: dict) -> None:
     c = result["config"]
-    print(f"Qwen3-VL issue-2 config, batch {c['batch']} x {c['length']} tokens, float32, {c['cores']} cores, "
-          f"ours: attention={c['attention']} remat={c['remat']}, optimizer={c['optimizer']}, "
+    print(f"Qwen3-VL benchmark config (timing.py), batch {c['batch']} x {c['length']} tokens, float32, "
+          f"{c['cores']} cores, ours: attention={c['attention']} remat={c['remat']}, optimizer={c['optimizer']}, "
           f"median of {c['runs']}")
     print(f"{'':34}{'ours':>12}{'transformers':>14}{'ratio':>8}")
     rows = [("forward", result["forward"]), ("train step", result["train_step"])]

@@ -34,6 +34,7 @@ class JsonCache:
         return self.directory / key[:2] / f"{key}.json"
 
     def get(self, request: Any) -> Any | None:
+        """The stored response for `request`, or None (no cache, no entry, or an unreadable entry)."""
         if self.directory is None:
             return None
         path = self._path(request_key(self.namespace, request))
@@ -45,6 +46,7 @@ class JsonCache:
             return None  # a corrupt entry is a miss; the next put replaces it
 
     def put(self, request: Any, response: Any) -> None:
+        """Stores `response` under `request`, atomically (a no-op without a cache directory)."""
         if self.directory is None:
             return
         path = self._path(request_key(self.namespace, request))

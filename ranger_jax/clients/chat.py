@@ -274,6 +274,7 @@ class ChatClient:
 
     @property
     def url(self) -> str:
+        """The full URL requests go to (`{base_url}/chat/completions`)."""
         return self.session.url("chat/completions")
 
     def _request(self, messages: Sequence[Mapping[str, Any]], temperature: float, max_tokens: int,

@@ -73,6 +73,7 @@ class ResponseFormatError(ClientError):
 
 
 def is_retryable_status(status: int) -> bool:
+    """Whether an HTTP status is retried: 408, 429 and 5xx."""
     return status in RETRYABLE_STATUS or 500 <= status <= 599
 
 

@@ -57,10 +57,12 @@ class Generator(Protocol):
     """Anything that turns a prompt and reference images into an image."""
 
     def generate(self, prompt: str, references: Sequence[media.ImageLike] = (), *, seed: int | None = None,
-                 size: str | tuple[int, int] | None = None) -> GenerationResult: ...
+                 size: str | tuple[int, int] | None = None) -> GenerationResult:
+        """An image for `prompt` from the references, as PNG bytes in a GenerationResult; never raises."""
 
     async def agenerate(self, prompt: str, references: Sequence[media.ImageLike] = (), *, seed: int | None = None,
-                        size: str | tuple[int, int] | None = None) -> GenerationResult: ...
+                        size: str | tuple[int, int] | None = None) -> GenerationResult:
+        """The async `generate`."""
 
 
 def parse_size(size: str | tuple[int, int]) -> tuple[int, int]:

@@ -71,6 +71,7 @@ class WeightUpdateFailed(SGLangError):
 
 
 def generate_error(err: http.StatusError) -> http.StatusError:
+    """The specific error type a `/generate` error body maps to (see the module docstring)."""
     if isinstance(err, http.RateLimited):
         return err
     try:
@@ -161,6 +162,7 @@ class GenerateResult:
 
     @property
     def aborted(self) -> bool:
+        """Whether the request was aborted (`finish_reason == "abort"`); the output is partial."""
         return self.finish_reason == "abort"
 
 
@@ -248,6 +250,7 @@ class WeightUpdate:
 
 
 def json_object(response: httpx.Response) -> dict[str, Any]:
+    """The response body as a JSON object; raises ResponseFormatError for anything else."""
     body = http.json_body(response)
     if not isinstance(body, dict):
         raise http.ResponseFormatError(str(response.request.url), f"expected a JSON object, got {type(body).__name__}")
@@ -255,6 +258,7 @@ def json_object(response: httpx.Response) -> dict[str, Any]:
 
 
 def parse_model_info(response: httpx.Response) -> ModelInfo:
+    """A `/get_model_info` answer as ModelInfo; raises ResponseFormatError without `model_path`."""
     body = json_object(response)
     if "model_path" not in body:
         raise http.ResponseFormatError(str(response.request.url), "no 'model_path' in /get_model_info response")
@@ -264,6 +268,7 @@ def parse_model_info(response: httpx.Response) -> ModelInfo:
 
 
 def parse_weight_update(response: httpx.Response) -> WeightUpdate:
+    """An `/update_weights_from_disk` answer; raises WeightUpdateFailed unless it succeeded."""
     body = json_object(response)
     if body.get("success") is not True:
         raise WeightUpdateFailed(response.status_code, str(response.request.url), response.text)
@@ -271,6 +276,7 @@ def parse_weight_update(response: httpx.Response) -> WeightUpdate:
 
 
 def parse_weight_version(response: httpx.Response) -> str:
+    """The new version from an `/update_weight_version` answer; raises WeightUpdateFailed."""
     body = json_object(response)
     if body.get("success") is not True:
         raise WeightUpdateFailed(response.status_code, str(response.request.url), response.text)

@@ -43,7 +43,7 @@ REWARD_KEYS: dict[str, type | tuple[type, ...]] = {
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class EnvConfig:
-    """Tools and limits of one `ToolEnv` (defaults follow Gen-Searcher, reference/agent_protocol.md §8)."""
+    """Tools and limits of one `ToolEnv` (defaults follow Gen-Searcher's agent loop)."""
 
     tools: tuple[str, ...] = tools.TOOL_NAMES  # enabled tools, canonical names
     prompt_style: str = "full"  # system prompt: "full" (rules + JSON tool schemas) or "compact" (small policies)

@@ -2,7 +2,7 @@
 
 The state is a frozen value (tuples and `FrozenDict`s); `step` builds a new one and never edits the one it was
 given. Policy mistakes (format errors, bad tool arguments, failed fetches) come back as observations; the episode
-ends only with one of `core.TERMINATIONS` (reference/agent_protocol.md §8):
+ends only with one of `core.TERMINATIONS`:
 
 - `answer`: a valid `<answer>`; `answer_parse_failed`: an `<answer>` that cannot be used (bad JSON, unknown id);
 - `no_answer`: the forced final turn produced no usable answer; `max_turns`: turns ran out with the final turn
@@ -72,6 +72,7 @@ class EnvState:
 
     @property
     def last_response(self) -> str | None:
+        """The text of the latest assistant turn, or None before the first."""
         for message in reversed(self.messages):
             if message["role"] == "assistant":
                 return message["content"]

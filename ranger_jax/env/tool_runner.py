@@ -116,6 +116,7 @@ class ToolRunner:
 
     @property
     def has_news(self) -> bool:
+        """Whether the backend offers news search (`text_search` with `news: true`)."""
         return callable(getattr(self.backend, "news_search", None))
 
     async def run(self, call: tools.Call, ledger: Ledger) -> ToolResult:

@@ -40,6 +40,8 @@ class ArgumentError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class TextSearch:
+    """A checked `text_search` call: up to `max_queries` queries, `top_k` hits each."""
+
     queries: tuple[str, ...]
     top_k: int
     tbs: str | None = None
@@ -48,6 +50,8 @@ class TextSearch:
 
 @dataclasses.dataclass(frozen=True)
 class ImageSearch:
+    """A checked `image_search` call."""
+
     query: str
     top_k: int
     tbs: str | None = None
@@ -55,18 +59,24 @@ class ImageSearch:
 
 @dataclasses.dataclass(frozen=True)
 class WebFetch:
+    """A checked `web_fetch` call: the pages to read and what to look for in them."""
+
     urls: tuple[str, ...]
     prompt: str
 
 
 @dataclasses.dataclass(frozen=True)
 class CropImage:
+    """A checked `crop_image` call: the image to crop and the box (checked against its size)."""
+
     img_id: str
     bbox: Any  # checked against the image size by images.check_bbox
 
 
 @dataclasses.dataclass(frozen=True)
 class FindObject:
+    """A checked `find_object` call: what to look for and in which images."""
+
     description: str
     img_ids: tuple[str, ...] = ()  # empty: every searched image of the episode
 

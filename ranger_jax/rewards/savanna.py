@@ -45,6 +45,8 @@ GENERATION_SCHEMA = {
 
 @dataclasses.dataclass(frozen=True)
 class SearchVerdict:
+    """The search judge's verdict: pass or fail, the reference that matched, and why."""
+
     passed: bool
     matching_reference: str
     rationale: str
@@ -69,12 +71,14 @@ class GenerationVerdict:
 
     @property
     def score(self) -> float:
+        """The identity tier's weight times the fraction of context criteria satisfied."""
         satisfied = [ok for _, ok in self.context]
         fraction = sum(satisfied) / len(satisfied) if satisfied else 1.0
         return IDENTITY_TIERS[self.identity_tier] * fraction
 
     @property
     def passed(self) -> bool:
+        """Whether the identity is exact and every context criterion is satisfied."""
         return self.identity_tier == "exact" and all(ok for _, ok in self.context)
 
 

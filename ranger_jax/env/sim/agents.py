@@ -54,7 +54,10 @@ _IMAGE_LINE = re.compile(r"^(IMG_\d+): ", re.MULTILINE)
 
 
 class Policy(Protocol):
-    def act(self, state: Any) -> str: ...
+    """A scripted policy: reads the episode so far and writes the next assistant turn."""
+
+    def act(self, state: Any) -> str:
+        """The next assistant turn for the episode in `state`, in the output protocol."""
 
 
 @dataclasses.dataclass(frozen=True)
