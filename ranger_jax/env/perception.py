@@ -173,10 +173,18 @@ class ObjectFinder:
     def parse(self, description: str) -> tuple[list[str], str | None]:
         """The description's colours (at most two, ground first) and its pattern word, if any.
 
+        The first colour named is the ground, unless another is called the ground ("white dots on a navy
+        ground", "a navy base", "a navy body").
+
         Raises:
             ValueError: a description naming no known colour (lists the known ones).
         """
         colours = colour_words(description, self.palette)[:2]
+        # "orange dots against a green ground" / "a green base with ...": the colour before ground/base/body is
+        # the ground colour wherever it stands.
+        said = re.search(r"\b([A-Za-z]+) (?:ground|base|body)\b", description)
+        if said and len(colours) == 2 and said.group(1).lower() == colours[1].lower():
+            colours.reverse()
         if not colours:
             raise ValueError(f"the description {description[:80]!r} names no colour I can see; "
                              f"known colours: {', '.join(sorted(self.palette))}")

@@ -8,7 +8,7 @@ from PIL import Image, ImageDraw
 from ranger_jax import env
 from ranger_jax.env import perception
 from ranger_jax.env.sim import agents, catalog, render, world
-from ranger_jax.env.sim.finder_agent import FinderAgent
+from ranger_jax.env.sim.finder_agent import FinderAgent, SnippetAgent
 from ranger_jax.env.sim.world import box_iou
 
 TOOLS = ["text_search", "image_search", "web_fetch", "find_object"]
@@ -41,6 +41,8 @@ def test_unknown_colour_or_pattern_is_named():
 def test_description_parsing_keeps_order_and_pattern():
     finder = perception.ObjectFinder(palette=catalog.COLOURS, patterns=render.pattern_drawers())
     assert finder.parse("Navy with WHITE stripes, navy trim") == (["navy", "white"], "stripes")
+    assert finder.parse("maroon chevrons against a lime ground") == (["lime", "maroon"], "chevrons")
+    assert finder.parse("a pink body covered in black dots") == (["pink", "black"], "dots")
 
 
 def test_locates_world_targets_from_pixels(small_world):
@@ -77,6 +79,19 @@ def test_find_object_tool_crops_the_match_and_finder_agent_scores(small_world):
             final = agents.run_episode(tool_env, task, FinderAgent())
             passed += rewards.score(the_world, task, final.answer, final.images).search_pass
     assert passed / len(tasks) >= 0.6, passed
+
+
+def test_snippet_agent_uses_three_tools_and_passes_some(small_world):
+    root, the_world, tasks = small_world
+    from ranger_jax.env.sim import rewards
+    passed = 0
+    with env.make("offline", world=str(root), tools=["text_search", "image_search", "find_object"],
+                  prompt_style="compact") as tool_env:
+        for task in tasks:
+            final = agents.run_episode(tool_env, task, SnippetAgent())
+            assert final.num_tool_calls == 3 and final.termination == "answer"
+            passed += rewards.score(the_world, task, final.answer, final.images).search_pass
+    assert passed / len(tasks) >= 0.4, passed
 
 
 def test_find_object_needs_a_backend_that_can_see():

@@ -6,6 +6,10 @@ tool (`ranger_jax.env.perception`) find and crop the object with the fact sheet'
 the teacher whose trajectories a small policy can imitate step for step, since every decision it makes can be
 made from what the policy sees. Turns are compact (no `<think>` by default): search the request's proper nouns,
 read the most promising page, search images of the release by name, find the object, answer.
+
+`SnippetAgent` is the shortest such strategy, for policies with small contexts: it never reads a page. It
+searches the request's proper nouns, searches images for them, copies the look ("green with orange dots") from
+the search snippet that best names the newest matching release into `find_object`, and answers with the crop.
 """
 
 from __future__ import annotations
@@ -20,6 +24,10 @@ MAX_FETCHES = 3
 MAX_IMAGE_SEARCHES = 2
 MAX_FINDS = 2
 _BEST_MATCH = re.compile(r"Best match in (IMG_\d+).*?(IMG_\d+): crop of", re.DOTALL)
+# How the world's prose words a look (see `env.sim.pages.describe`), e.g. "comes in green with orange dots",
+# "a lime body covered in maroon chevrons", "maroon chevrons against a lime ground".
+_LOOK = re.compile(r"(?:pairs a|comes in|Expect a) [a-z]+ (?:base |body )?(?:with|covered in) [a-z]+ [a-z]+"
+                   r"(?: finish with [a-z]+ trim)?|[a-z]+ [a-z]+ against a [a-z]+ ground")
 
 
 def describe_look(release: agents.Release) -> str:
@@ -106,3 +114,65 @@ class FinderAgent:
                       f"{release.attributes.emblem} emblem, as in the first reference image.")
         img_id = crop or (min(state.images) if state.images else None)
         return self._answer(gen_prompt, img_id, f"the {release.name}", f"I have the {release.name}.")
+
+
+def _bare_call(name: str, arguments: dict[str, Any]) -> str:
+    body = agents.json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
+    return f"<tool_call>\n{body}\n</tool_call>"
+
+
+class SnippetAgent:
+    """Locate from search snippets, Corroborate with image search, Isolate with find_object; three tool calls.
+
+    The look is copied from the snippet that shares most words with the request, then names the highest edition
+    number, then is the newest. About 0.6-0.7 search score on fresh worlds (the page-reading `FinderAgent`
+    reaches about 0.9 with one more call and a page to read).
+    """
+
+    def act(self, state: Any) -> str:
+        """The next assistant turn for `state`."""
+        turns = agents.read_history(state)
+        prompt = state.task.prompt
+        subject = agents.subject_query(prompt)
+        recent = agents.wants_recent(prompt)
+        done = {t.name for t in turns}
+        if state.final_turn:
+            return self._answer(state, turns, prompt, subject)
+        if tools.TEXT_SEARCH not in done:
+            args: dict[str, Any] = {"queries": [subject], "top_k": 8}
+            if recent:
+                args["time_range"] = "month"
+            return _bare_call(tools.TEXT_SEARCH, args)
+        if tools.IMAGE_SEARCH not in done:
+            args = {"query": subject}
+            if recent:
+                args["time_range"] = "month"
+            return _bare_call(tools.IMAGE_SEARCH, args)
+        if tools.FIND_OBJECT not in done:
+            return _bare_call(tools.FIND_OBJECT, {"description": self.look(turns, subject)})
+        return self._answer(state, turns, prompt, subject)
+
+    @staticmethod
+    def look(turns: list[agents.Turn], subject: str) -> str:
+        """The look phrase of the best snippet (the subject itself when no snippet describes a look)."""
+        words = set(bm25.tokenize(subject))
+        best = None
+        for hit in agents.ExpertAgent._hits(turns):
+            match = _LOOK.search(hit["snippet"])
+            if match is None:
+                continue
+            text = f"{hit['title']} {hit['snippet']}"
+            numbers = [int(n) for n in re.findall(r"\b(\d{1,2})\b", text)]
+            key = (len(words & set(bm25.tokenize(text))), max(numbers, default=0), hit["date"])
+            if best is None or key > best[0]:
+                best = (key, match.group(0))
+        return best[1] if best else subject
+
+    def _answer(self, state: Any, turns: list[agents.Turn], prompt: str, subject: str) -> str:
+        finds = [t for t in turns if t.name == tools.FIND_OBJECT]
+        crop = next((m.group(2) for t in reversed(finds) if (m := _BEST_MATCH.search(t.response))), None)
+        if crop is None:
+            crop = min(state.images) if state.images else None
+        refs = [(crop, "the subject")] if crop else []
+        gen_prompt = f"{prompt.rstrip('.')}. Subject: {self.look(turns, subject)}, as in the first reference image."
+        return agents.answer(gen_prompt, refs, None)
