@@ -23,7 +23,8 @@ from PIL import Image
 
 from ranger_jax.env import core
 
-IMAGE_PAD_ID = 151655  # Qwen3-VL `<|image_pad|>`
+IMAGE_PAD_ID = 151655  # Qwen3-VL `<|image_pad|>`: only the default of `Trajectory.image_pad_id`; writers pass
+# the tokenizer's id and readers take it from the record, so a tokenizer with other ids works end to end
 MERGE_SIZE = 2  # vision_config.spatial_merge_size: placeholders per image = t·h·w / merge²
 MAGIC = b"RJTRAJ01"
 _PNG = b"\x89PNG\r\n\x1a\n"
@@ -237,6 +238,7 @@ class Trajectory:
                 "reward": np.float32(self.reward), "policy_version": np.int64(self.policy_version),
                 "sample_index": np.int32(self.sample_index), "image_grid_thw": grids,
                 "image_token_index": np.array([im.token_index for im in self.images], np.int32),
+                "image_pad_id": np.int32(self.image_pad_id), "merge_size": np.int32(self.merge_size),
                 "task_id": self.task_id, "group_id": self.group_id, "images": [im.png for im in self.images]}
 
     def to_bytes(self) -> bytes:
