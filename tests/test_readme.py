@@ -59,7 +59,10 @@ def test_install_commands_use_the_tested_pins():
     assert pins["torch"] == "2.13.0" and pins["jax"] == "0.10.2"
 
 
-@pytest.mark.parametrize("document", ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))])
+DOCUMENTS = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
+
+
+@pytest.mark.parametrize("document", DOCUMENTS)
 def test_relative_links_resolve(document):
     text = (ROOT / document).read_text("utf-8")
     for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):

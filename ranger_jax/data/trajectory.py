@@ -94,6 +94,7 @@ class TrajectoryImage:
         return t * h * w // (merge_size * merge_size)
 
     def pil(self) -> Image.Image:
+        """The image as a PIL RGB image, decoded from its PNG."""
         with Image.open(io.BytesIO(self.png)) as image:
             image.load()
             return image.copy()
@@ -229,6 +230,7 @@ class Trajectory:
 
     @property
     def num_tokens(self) -> int:
+        """Length of the token sequence (T)."""
         return len(self.token_ids)
 
     def to_arrays(self) -> dict[str, Any]:

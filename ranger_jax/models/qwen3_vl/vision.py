@@ -1,10 +1,10 @@
 """The Qwen3-VL vision tower: patch embed, interpolated learned positions, 2-D RoPE, blocks, DeepStack taps, merger.
 
-Mirrors `Qwen3VLVisionModel` in transformers `modeling_qwen3_vl.py` (reference/qwen3_vl.md §2). All images of a
-batch run as one sequence of P patch rows with static shapes: per-patch metadata (image/frame segment, row, column)
-is computed from `grid_thw` with array ops, attention is confined to each frame by a block-diagonal mask built from
-segment ids, and the learned position table is bilinearly resampled per image by gathers. The whole tower is
-therefore jittable with only `P` and the number of images static.
+Mirrors `Qwen3VLVisionModel` in transformers `modeling_qwen3_vl.py`. All images of a batch run as one sequence of P
+patch rows with static shapes: per-patch metadata (image/frame segment, row, column) is computed from `grid_thw`
+with array ops, attention is confined to each frame by a block-diagonal mask built from segment ids, and the learned
+position table is bilinearly resampled per image by gathers. The whole tower is therefore jittable with only `P` and
+the number of images static.
 """
 
 from __future__ import annotations
@@ -88,6 +88,8 @@ class VisionPatchEmbed(nnx.Module):
 
 
 class VisionMLP(nnx.Module):
+    """The tower blocks' MLP: fc1, activation, fc2 (`linear_fc1` / `linear_fc2` in HF)."""
+
     def __init__(self, config: config_lib.Qwen3VLConfig, *, rngs: nnx.Rngs):
         v = config.vision_config
         kw = dict(use_bias=True, std=v.initializer_range, dtype=config.compute_dtype,
