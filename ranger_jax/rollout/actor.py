@@ -9,6 +9,14 @@ Policies (`POLICIES`): `expert` / `naive` (the offline world's scripted agents; 
 sampler on `--checkpoint`), `sglang` (an SGLang server), `harness` (an OpenAI-compatible chat model with tool
 calling; eval only). Shards are ArrayRecord files written atomically by `data.shards.RollingShardWriter`: a
 killed actor leaves no readable partial shard.
+
+By default the actor runs its tasks once. With `--weights-dir`, `--max-rounds` or `--stop-file` it runs as a
+decoupled process (`rollout.decoupled`): round after round over its tasks, loading each newer version the learner
+publishes to `--weights-dir` between rounds, until `--max-rounds`, the stop file (default `<weights-dir>/STOP`) or
+SIGTERM, appending one line of metrics per round to `--metrics`:
+
+    python -m ranger_jax.rollout.actor --env envs/savanna_sim.toml --world /data/world --policy jax \\
+        --weights-dir /shared/run1/weights --out /shared/run1/shards --prefix actor0 --metrics /shared/run1/a0.jsonl
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -38,8 +47,9 @@ from ranger_jax.env.sim import savanna, world as world_lib
 from ranger_jax.processing import chat as chat_lib
 from ranger_jax.processing import tokenizer as tokenizer_lib
 from ranger_jax.rollout import episode as episode_lib
-from ranger_jax.rollout import harness, policy as policy_lib, runner, sampler_policy, scoring, sglang_policy
-from ranger_jax.rollout import sequence
+from ranger_jax.rl import weights as weights_lib
+from ranger_jax.rollout import decoupled, harness, policy as policy_lib, runner, sampler_policy, scoring
+from ranger_jax.rollout import sequence, sglang_policy
 
 log = logging.getLogger(__name__)
 
@@ -290,20 +300,43 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-pixels", type=int, default=sequence.GEN_SEARCHER_MAX_PIXELS)
     p.add_argument("--no-images", action="store_true", help="sim rewards: skip the compositor image")
     p.add_argument("--summary", help="write the run summary JSON here")
+    rounds = p.add_argument_group("decoupled actor (rounds until stopped)")
+    rounds.add_argument("--weights-dir", help="follow the weights versions published here (jax policy); without "
+                                              "--checkpoint, wait for the first one")
+    rounds.add_argument("--max-rounds", type=int, help="stop after this many rounds over the tasks")
+    rounds.add_argument("--stop-file", help="stop once this file exists (default: <weights-dir>/STOP)")
+    rounds.add_argument("--metrics", help="append one JSON line of actor metrics per round to this file")
+    rounds.add_argument("--poll-s", type=float, default=decoupled.DEFAULT_POLL_S,
+                        help="seconds between checks of the stop file (and of the weights folder while waiting)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> ActorSummary:
+def main(argv: Sequence[str] | None = None) -> ActorSummary | decoupled.RoundsSummary:
     """The actor's command line (`python -m ranger_jax.rollout.actor --help`); returns its summary."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    in_rounds = bool(args.weights_dir or args.max_rounds or args.stop_file)
+    if args.metrics and not in_rounds:
+        parser.error("--metrics writes one line per round: give --weights-dir, --max-rounds or --stop-file")
+    if args.weights_dir and args.policy != "jax":
+        parser.error(f"--weights-dir needs --policy jax (policy {args.policy!r} cannot load new weights)")
+    stop_file = args.stop_file or (str(Path(args.weights_dir) / decoupled.STOP_FILE) if args.weights_dir else None)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     world = world_lib.load_world(args.world) if args.world else None
     tasks = load_task_file(args.tasks) if args.tasks else (world_lib.load_tasks(args.world) if args.world else [])
     if not tasks:
         raise SystemExit("no tasks: pass --world (its tasks.jsonl) or --tasks FILE.jsonl")
     tasks = tasks[:args.limit]
-    tokenizer = tokenizer_lib.load_tokenizer(args.tokenizer or args.checkpoint or default_tokenizer_dir())
+    checkpoint, policy_version = args.checkpoint, args.policy_version
+    if args.weights_dir and not checkpoint:
+        version = decoupled.wait_for_version(args.weights_dir, stop_file=stop_file, poll_s=args.poll_s)
+        if version is None:
+            return _finish(args, decoupled.RoundsSummary(
+                policy=args.policy, num_rounds=0, num_groups=0, num_trajectories=0, versions=(), shards=(),
+                wall_s=0.0, episodes_per_s=0.0, reward_mean=float("nan"), stopped_by="stop_file"))
+        checkpoint, policy_version = str(weights_lib.version_dir(args.weights_dir, version)), version
+    tokenizer = tokenizer_lib.load_tokenizer(args.tokenizer or checkpoint or default_tokenizer_dir())
     api_key = os.environ.get(args.api_key_env)
     vision = sequence.VisionSettings(min_pixels=args.min_pixels, max_pixels=args.max_pixels)
     config = runner.RolloutConfig(
@@ -314,20 +347,40 @@ def main(argv: Sequence[str] | None = None) -> ActorSummary:
     renderer = chat_lib.ChatRenderer(tokenizer, merge_size=vision.merge_size)
     with env_lib.make(args.env, **({"world": args.world} if args.world else {})) as tool_env:
         policy = build_policy(args.policy, PolicyOptions(
-            tokenizer=tokenizer, env=tool_env, world=world, checkpoint=args.checkpoint, num_rows=args.concurrency,
+            tokenizer=tokenizer, env=tool_env, world=world, checkpoint=checkpoint, num_rows=args.concurrency,
             mesh_shape=_mesh_shape(args.mesh), sglang_url=args.sglang_url, chat_url=args.chat_url,
-            chat_model=args.chat_model, api_key=api_key, policy_version=args.policy_version))
+            chat_model=args.chat_model, api_key=api_key, policy_version=policy_version))
         scorer = scoring.make_scorer(tool_env, world=world, generate_images=not args.no_images, api_key=api_key)
 
-        async def run() -> ActorSummary:
+        async def run() -> ActorSummary | decoupled.RoundsSummary:
             try:
-                return await arun_actor(tool_env, policy, tasks, renderer=renderer, out_dir=args.out, config=config,
-                                        scorer=scorer, prefix=args.prefix, records_per_shard=args.records_per_shard,
-                                        progress=not args.quiet)
+                if not in_rounds:
+                    return await arun_actor(tool_env, policy, tasks, renderer=renderer, out_dir=args.out,
+                                            config=config, scorer=scorer, prefix=args.prefix,
+                                            records_per_shard=args.records_per_shard, progress=not args.quiet)
+                stop = asyncio.Event()
+                loop = asyncio.get_running_loop()
+                loop.add_signal_handler(signal.SIGTERM, stop.set)  # finish the shard in hand, then exit cleanly
+                try:
+                    return await decoupled.arun_rounds(
+                        tool_env, policy, tasks, renderer=renderer, out_dir=args.out, config=config, scorer=scorer,
+                        rounds=decoupled.RoundsConfig(max_rounds=args.max_rounds, stop_file=stop_file,
+                                                      weights_dir=args.weights_dir, metrics_path=args.metrics,
+                                                      poll_s=args.poll_s),
+                        stop=stop, prefix=args.prefix, records_per_shard=args.records_per_shard,
+                        progress=not args.quiet)
+                finally:
+                    loop.remove_signal_handler(signal.SIGTERM)
             finally:
                 await policy.aclose()  # its HTTP clients belong to this event loop
 
         summary = asyncio.run(run())
+    return _finish(args, summary)
+
+
+def _finish(args: argparse.Namespace, summary: ActorSummary | decoupled.RoundsSummary
+            ) -> ActorSummary | decoupled.RoundsSummary:
+    """Writes the summary where `--summary` asks, prints it, and returns it."""
     if args.summary:
         fileio.write_atomic(args.summary, json.dumps(summary.to_dict(), indent=2).encode("utf-8"))
     print(json.dumps(summary.to_dict(), indent=2))

@@ -1,0 +1,177 @@
+"""Published policy weights: the learner writes numbered HF checkpoints into a folder, actors load the newest.
+
+    weights.publish(model, "/shared/run1/weights", 12, tokenizer_dir="/models/Qwen3-VL-8B-Instruct")
+    version = weights.latest_version("/shared/run1/weights")            # 12
+    model = weights.load_version("/shared/run1/weights", version, mesh=mesh)
+
+Layout of the folder:
+
+    v000011/   v000012/      HF checkpoint folders (config.json, model*.safetensors, tokenizer files)
+    latest                   the newest published version as text ("12\\n")
+
+A version is written into a hidden temporary sibling (`.v000012.<pid>.<nonce>.tmp`) and renamed into place only
+when complete, then `latest` is replaced atomically: a reader that lists the folder or follows `latest` never sees
+half a checkpoint, and a publisher killed mid-write leaves only a hidden temporary. Each folder is a plain HF
+checkpoint that `qwen3_vl.load`, transformers and SGLang's `/update_weights_from_disk` read. Only the newest
+`keep` versions stay; older ones are renamed to a hidden name before they are deleted, so they disappear from
+listings at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from ranger_jax import fileio
+from ranger_jax.models import qwen3_vl
+
+log = logging.getLogger(__name__)
+
+LATEST_FILE = "latest"
+DEFAULT_KEEP = 3  # versions kept: the newest, plus slack for actors still loading an older one
+# Files of an HF model folder besides the weights that tokenizers and processors read.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json",
+                   "added_tokens.json", "chat_template.jinja", "chat_template.json", "preprocessor_config.json",
+                   "video_preprocessor_config.json", "processor_config.json", "generation_config.json")
+_VERSION_NAME = re.compile(r"v(\d{6,})")
+
+
+def _check_version(version: Any) -> int:
+    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+        raise ValueError(f"a weights version must be an int >= 0; got {version!r}")
+    return version
+
+
+def version_dir(folder: str | os.PathLike, version: int) -> Path:
+    """The checkpoint folder of `version` in `folder` (`folder/v000012`), whether or not it exists."""
+    return Path(folder) / f"v{_check_version(version):06d}"
+
+
+def list_versions(folder: str | os.PathLike) -> list[int]:
+    """Complete versions in `folder`, ascending (temporaries and deletions in progress are hidden; a missing folder
+    has none)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    found = (_VERSION_NAME.fullmatch(p.name) for p in folder.iterdir() if p.is_dir())
+    return sorted(int(m.group(1)) for m in found if m)
+
+
+def latest_version(folder: str | os.PathLike) -> int | None:
+    """The version `folder/latest` names, or None when nothing has been published there yet.
+
+    Raises:
+        ValueError: `latest` does not hold one int (naming the file and what it holds).
+        FileNotFoundError: `latest` names a version whose folder is gone.
+    """
+    pointer = Path(folder) / LATEST_FILE
+    try:
+        text = pointer.read_text("utf-8").strip()
+    except FileNotFoundError:
+        return None
+    if not text.isdigit():
+        raise ValueError(f"weights pointer {pointer} should hold one version number, holds {text[:40]!r}")
+    version = int(text)
+    if not version_dir(folder, version).is_dir():
+        raise FileNotFoundError(f"weights pointer {pointer} names version {version}, but {version_dir(folder, version)}"
+                                f" does not exist; published versions: {list_versions(folder)}")
+    return version
+
+
+def _remove(path: Path) -> None:
+    """Hides `path` under a temporary name first, so a listing never shows it half deleted."""
+    hidden = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.deleting")
+    try:
+        os.rename(path, hidden)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(hidden, ignore_errors=True)
+
+
+def publish(model: qwen3_vl.Qwen3VL, folder: str | os.PathLike, version: int, *,
+            tokenizer_dir: str | os.PathLike | None = None, keep: int = DEFAULT_KEEP) -> Path:
+    """Writes `model` as HF checkpoint `folder/v{version:06d}` atomically, points `latest` at it, prunes old ones.
+
+    Every process calls it (parameters sharded over hosts are gathered); process 0 writes.
+
+    Args:
+        model: the policy to publish.
+        folder: the weights folder (created).
+        version: the new version, newer than the published latest (actors move forward only).
+        tokenizer_dir: a folder whose tokenizer and processor files (`TOKENIZER_FILES`) are copied alongside, so the
+            version is a complete checkpoint for actors and evals; None = weights only.
+        keep: how many newest versions stay (older ones are deleted).
+
+    Returns:
+        The version's folder.
+
+    Raises:
+        ValueError: a bad version or keep, or a version not newer than the published latest (naming both).
+        FileExistsError: the version's folder already exists.
+        FileNotFoundError: a tokenizer_dir without tokenizer.json.
+    """
+    folder = Path(folder)
+    target = version_dir(folder, version)
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+        raise ValueError(f"keep must be an int >= 1; got {keep!r}")
+    if tokenizer_dir is not None and not (Path(tokenizer_dir) / "tokenizer.json").is_file():
+        raise FileNotFoundError(f"tokenizer_dir {tokenizer_dir} has no tokenizer.json")
+    latest = latest_version(folder)
+    if latest is not None and version <= latest:
+        raise ValueError(f"cannot publish version {version} to {folder}: not newer than the published latest "
+                         f"{latest}")
+    if target.exists():
+        raise FileExistsError(f"weights version {version} already exists at {target}")
+    writer = jax.process_index() == 0
+    temp = folder / f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+    if writer:
+        folder.mkdir(parents=True, exist_ok=True)
+    try:
+        qwen3_vl.save(model, temp)  # every process takes part in gathering; only process 0 writes
+        if not writer:
+            return target
+        if tokenizer_dir is not None:
+            for name in TOKENIZER_FILES:
+                if (Path(tokenizer_dir) / name).is_file():
+                    shutil.copyfile(Path(tokenizer_dir) / name, temp / name)
+        os.rename(temp, target)  # the version appears complete or not at all
+    except BaseException:
+        if writer:
+            shutil.rmtree(temp, ignore_errors=True)
+        raise
+    fileio.write_atomic(folder / LATEST_FILE, f"{version}\n".encode("utf-8"))
+    for old in list_versions(folder)[:-keep]:
+        _remove(version_dir(folder, old))
+    log.info("published weights version %d to %s", version, target)
+    return target
+
+
+def load_version(folder: str | os.PathLike, version: int, *, mesh: jax.sharding.Mesh | None = None,
+                 dtype: Any = jnp.float32, param_dtype: Any = None, remat: str = "none", attention: str = "blocked",
+                 sharding_rules: str = "sample") -> qwen3_vl.Qwen3VL:
+    """Loads published `version` from `folder` (`qwen3_vl.load` of its checkpoint folder).
+
+    Args:
+        folder: the weights folder.
+        version: a published version (`latest_version(folder)`).
+        mesh, dtype, param_dtype, remat, attention, sharding_rules: as in `qwen3_vl.load`; sharding_rules defaults
+            to "sample", the layout actors sample with (a sampler takes new weights only with its own config).
+
+    Raises:
+        FileNotFoundError: no such version (naming the folder and the versions it holds).
+        CheckpointError: a damaged checkpoint (naming the key).
+    """
+    path = version_dir(folder, version)
+    if not path.is_dir():
+        raise FileNotFoundError(f"weights folder {folder} has no version {version} ({path.name}); published "
+                                f"versions: {list_versions(folder)}")
+    return qwen3_vl.load(path, mesh=mesh, dtype=dtype, param_dtype=param_dtype, remat=remat, attention=attention,
+                         sharding_rules=sharding_rules)
