@@ -1,10 +1,11 @@
 """The Qwen3-VL vision tower: patch embed, interpolated learned positions, 2-D RoPE, blocks, DeepStack taps, merger.
 
-Mirrors `Qwen3VLVisionModel` in transformers `modeling_qwen3_vl.py`. All images of a batch run as one sequence of P
-patch rows with static shapes: per-patch metadata (image/frame segment, row, column) is computed from `grid_thw`
-with array ops, attention is confined to each frame by a block-diagonal mask built from segment ids, and the learned
-position table is bilinearly resampled per image by gathers. The whole tower is therefore jittable with only `P` and
-the number of images static.
+Mirrors `Qwen3VLVisionModel` in transformers `modeling_qwen3_vl.py`. All images of a batch run as one sequence of
+P patch rows with static shapes: per-patch metadata (image/frame segment, row, column) is computed from `grid_thw`
+with array ops, attention is confined to each frame by the blocked segment kernel of `attention_segments` (each
+block of patch rows visits only the key blocks of its own frames, so memory grows linearly with the number of
+images), and the learned position table is bilinearly resampled per image by gathers. The whole tower is therefore
+jittable with only `P` and the number of images static; `grid_thw` may be traced.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ranger_jax.models.qwen3_vl import layers, rope
+from ranger_jax.models.qwen3_vl import attention_segments, layers, rope
 from ranger_jax.models.qwen3_vl import config as config_lib
 from ranger_jax.parallel import rules
 from ranger_jax.parallel.rules import constrain
@@ -107,7 +108,11 @@ class VisionMLP(nnx.Module):
 
 
 class VisionAttention(nnx.Module):
-    """Bidirectional attention confined to each image frame, fused qkv, 2-D RoPE in float32."""
+    """Bidirectional attention confined to each image frame, fused qkv, 2-D RoPE in float32.
+
+    Attention runs through `attention_segments.segment_attention` in blocks of `attention_segments.BLOCK` patch
+    rows: no [N, P, P] score matrix is built, and gradients flow through its custom VJP.
+    """
 
     def __init__(self, config: config_lib.Qwen3VLConfig, *, rngs: nnx.Rngs):
         v = config.vision_config
@@ -120,18 +125,15 @@ class VisionAttention(nnx.Module):
         self.proj = layers.Linear((n, h), (c,), ("vision_heads", "head_dim"), ("vision_embed",), **kw)
 
     def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, segment: jax.Array) -> jax.Array:
-        """x: [P, C], cos/sin: [P, H] float32, segment: [P] -> [P, C]."""
+        """x: [P, C], cos/sin: [P, H] float32, segment: [P] (rows of a segment contiguous) -> [P, C]."""
         qkv = self.qkv(x)  # [P, 3, N, H]
         q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]
         cos, sin = cos[:, None, :], sin[:, None, :]
         q = rope.apply_rotary(q.astype(jnp.float32), cos, sin).astype(x.dtype)
         k = rope.apply_rotary(k.astype(jnp.float32), cos, sin).astype(x.dtype)
         q = constrain(q, "patches", "vision_heads", "head_dim")
-        scores = jnp.einsum("TNH,SNH->NTS", q, k, preferred_element_type=jnp.float32) * self.scale
-        same_frame = segment[:, None] == segment[None, :]  # [T, S]
-        scores = jnp.where(same_frame[None], scores, jnp.finfo(jnp.float32).min)
-        probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-        out = jnp.einsum("NTS,SNH->TNH", probs, v)
+        out = attention_segments.segment_attention(q, k, v, segment, scale=self.scale,
+                                                   block=attention_segments.BLOCK)  # [P, N, H]
         return self.proj(constrain(out, "patches", "vision_heads", "head_dim"))
 
 
