@@ -1,8 +1,8 @@
 """Published policy weights: the learner writes numbered HF checkpoints into a folder, actors load the newest.
 
-    weights.publish(model, "/shared/run1/weights", 12, tokenizer_dir="/models/Qwen3-VL-8B-Instruct")
-    version = weights.latest_version("/shared/run1/weights")            # 12
-    model = weights.load_version("/shared/run1/weights", version, mesh=mesh)
+    weights.publish(model, "/data/run1/weights", 12, tokenizer_dir="/models/Qwen3-VL-8B-Instruct")
+    version = weights.latest_version("/data/run1/weights")              # 12
+    model = weights.load_version("/data/run1/weights", version, mesh=mesh)
 
 Layout of the folder:
 
