@@ -1,10 +1,13 @@
-"""Savanna search eval in the offline world, scored exactly (no judge).
+"""Savanna search eval in the offline world, scored exactly (no judge): a scripted agent or any checkpoint.
 
     python -m ranger_jax.env.sim.build --out /tmp/world --tasks 40 --seed 3
     python evals/savanna_sim.py --world /tmp/world --policy expert --json /tmp/expert.json
+    python evals/savanna_sim.py --world /tmp/world --policy /ckpt/policy --json /tmp/policy.json
 
-Writes the summary of `ranger_jax.env.sim.savanna.evaluate` (search_score overall, per domain and per
-subcategory, crop IoU / text score / reward means, terminations, one row per episode) and prints a table.
+`--policy` is `expert`, `naive`, `finder` or a checkpoint folder (HF-layout Qwen3-VL with tokenizer.json), run
+greedily through the JAX sampler with the env settings it was trained with (its `ranger_env.json`) unless `--env`
+names others. Writes the summary of `ranger_jax.rollout.evaluate.evaluate` (search_score overall, per domain and
+per subcategory, crop IoU / text score / reward means, terminations, one row per episode) and prints a table.
 """
 
 from __future__ import annotations
@@ -15,19 +18,28 @@ from pathlib import Path
 
 from ranger_jax import fileio
 from ranger_jax.env.sim import savanna
+from ranger_jax.rollout import evaluate
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--world", required=True, help="world directory (ranger_jax.env.sim.build)")
-    parser.add_argument("--policy", required=True, choices=sorted(savanna.POLICIES))
+    parser.add_argument("--policy", required=True,
+                        help=f"one of {sorted(savanna.POLICIES)} or a checkpoint folder")
     parser.add_argument("--json", required=True, help="where to write the results")
-    parser.add_argument("--env", default="offline",
-                        help='"offline" or an environment file such as envs/savanna_sim.toml')
+    parser.add_argument("--env", default=None, help='"offline" or an environment file such as envs/savanna_sim.toml '
+                                                    "(default: a checkpoint's ranger_env.json, else offline)")
     parser.add_argument("--limit", type=int, default=None, help="run only the first N tasks")
+    parser.add_argument("--concurrency", type=int, default=None, help="checkpoints: episodes in flight")
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="checkpoints: tokens per turn")
+    parser.add_argument("--max-context-tokens", type=int, default=None, help="checkpoints: tokens per episode")
     args = parser.parse_args()
+    options = {key: value for key, value in (("concurrency", args.concurrency),
+                                             ("max_new_tokens", args.max_new_tokens),
+                                             ("max_context_tokens", args.max_context_tokens)) if value is not None}
     try:
-        result = savanna.evaluate(args.world, args.policy, env_name=args.env, limit=args.limit, progress=True)
+        result = evaluate.evaluate(args.world, args.policy, env_name=args.env, limit=args.limit, progress=True,
+                                   **options)
     except (ValueError, FileNotFoundError) as err:
         parser.error(str(err))
     fileio.write_atomic(Path(args.json), json.dumps(result, indent=2, ensure_ascii=False).encode("utf-8"))

@@ -20,7 +20,7 @@ from ranger_jax.clients import media
 from ranger_jax.clients.images import GenerationResult, parse_size
 
 DEFAULT_SIZE = (512, 512)
-MAX_REFERENCES = 4  # the reward's valid reference range is [1, 4]
+MAX_REFERENCES = 4  # references composed by default (Gen-Searcher's reward accepts 1 to 4)
 TEXT_BAND_FRACTION = 0.2  # share of the canvas height given to the prompt text
 PADDING = 8
 TEXT_COLOUR = (20, 20, 20)

@@ -4,6 +4,7 @@
     tool_env = env.make("envs/savanna_sim.toml", world="/data/world")
     state = tool_env.reset(env.Task("t1", "A photo of …"))
     state, observation = tool_env.step(state, policy_text)
+    score = tool_env.score(state)        # the episode's reward (env.Score: reward, reason, breakdown)
 """
 
 from ranger_jax.env.config import EnvConfig
@@ -22,6 +23,7 @@ from ranger_jax.env.core import (
     ImageRecord,
     Observation,
     ObservedImage,
+    Score,
     Task,
 )
 from ranger_jax.env.registry import make
@@ -30,5 +32,5 @@ from ranger_jax.env.tool_env import EnvState, ToolEnv
 __all__ = [
     "ANSWER", "ANSWER_PARSE_FAILED", "CONTEXT_EXCEEDED", "ERROR", "MAX_TURNS", "NO_ANSWER", "REPEATED_RESPONSE",
     "TERMINATIONS", "Answer", "AnswerRef", "EnvConfig", "EnvState", "FrozenDict", "ImageRecord", "Observation",
-    "ObservedImage", "Task", "ToolEnv", "make",
+    "ObservedImage", "Score", "Task", "ToolEnv", "make",
 ]

@@ -24,13 +24,13 @@ from ranger_jax.env import images, tools
 
 FILE_KEYS = ("description", "backend", "backend_options", "env", "rewards")
 
-# Reward settings an environment may carry (consumed by ranger_jax.rewards and evals).
+# Reward settings an environment may carry, read by `ToolEnv.score` (ranger_jax.rewards.env_reward). The upper
+# limit on an answer's references is not among them: it is the env's `max_answer_refs`, which the system prompt
+# states, the answer parser applies and the reward checks.
 REWARD_KEYS: dict[str, type | tuple[type, ...]] = {
-    "kind": str,  # "sim" (exact offline rewards, env.sim.rewards) or "judge" (K-Score style judges)
-    "text_coef": (int, float),  # α in R = (1 - α)·R_image + α·R_text (rewards.combine)
-    "max_ref_images": int,  # references sent to the generator (Gen-Searcher: first 3)
-    "min_references": int,  # fewer valid references → reward 0 (GEN_MIN_INPUT_IMAGES = 1)
-    "max_references": int,  # more valid references → reward 0 (GEN_MAX_INPUT_IMAGES = 4)
+    "kind": str,  # "sim" (exact offline rewards, env.sim.rewards; the default) or "judge" (generator + judges)
+    "text_coef": (int, float),  # α in R = (1 - α)·R_image + α·R_text (rewards.combine); 0 when unset
+    "min_references": int,  # fewer references → reward 0 (Gen-Searcher's GEN_MIN_INPUT_IMAGES = 1)
     "coverage_min": (int, float),  # sim: fraction of the target box a reference must contain
     "share_min": (int, float),  # sim: fraction of the reference the target must fill
     "rival_max": (int, float),  # sim: a sibling this large relative to the target makes it ambiguous
@@ -55,7 +55,7 @@ class EnvConfig:
     max_response_chars: int | None = None  # longer policy turns are treated as truncated (None: no limit)
     max_observation_chars: int = 12_000  # tool output cut beyond this
     max_page_chars: int = 8_000  # web_fetch text per call without a summariser
-    max_answer_refs: int = 5  # references kept from an answer
+    max_answer_refs: int = 5  # references an answer may cite (the prompt states it, parser and reward apply it)
     min_crop_side: int = images.DEFAULT_MIN_CROP_SIDE  # pixels
     image_store: str | None = None  # image folder (None: a temporary folder owned by the env)
     max_image_bytes: int = images.DEFAULT_MAX_IMAGE_BYTES  # encoded bytes of one image
@@ -108,7 +108,8 @@ ENV_KEYS = tuple(f.name for f in dataclasses.fields(EnvConfig))
 
 REWARD_KINDS = ("sim", "judge")
 _FRACTION_KEYS = ("coverage_min", "share_min", "rival_max")  # in (0, 1], as env.sim.rewards.Criteria checks
-_COUNT_KEYS = {"max_ref_images": 1, "min_references": 0, "max_references": 1}  # key -> smallest value
+# Former reward keys and where their setting lives now (an old environment file gets told).
+MOVED_REWARD_KEYS = {"max_references": "[env] max_answer_refs", "max_ref_images": "[env] max_answer_refs"}
 
 
 def check_rewards(rewards: dict[str, Any], where: str) -> dict[str, Any]:
@@ -118,6 +119,9 @@ def check_rewards(rewards: dict[str, Any], where: str) -> dict[str, Any]:
         ValueError: naming `where`, the key and the known keys or the allowed range.
     """
     for key, value in rewards.items():
+        if key in MOVED_REWARD_KEYS:
+            raise ValueError(f"{where}: reward key {key!r} is gone; the limit on an answer's references is "
+                             f"{MOVED_REWARD_KEYS[key]} (the prompt, the answer parser and the reward all use it)")
         if key not in REWARD_KEYS:
             raise ValueError(f"{where}: unknown reward key {key!r}; known keys: {sorted(REWARD_KEYS)}")
         expected = REWARD_KEYS[key]
@@ -129,11 +133,8 @@ def check_rewards(rewards: dict[str, Any], where: str) -> dict[str, Any]:
             raise ValueError(f"{where}: reward key 'text_coef' must be in [0, 1]; got {value!r}")
         if key in _FRACTION_KEYS and not 0.0 < value <= 1.0:
             raise ValueError(f"{where}: reward key {key!r} must be in (0, 1]; got {value!r}")
-        if key in _COUNT_KEYS and value < _COUNT_KEYS[key]:
-            raise ValueError(f"{where}: reward key {key!r} must be >= {_COUNT_KEYS[key]}; got {value!r}")
-    low, high = rewards.get("min_references"), rewards.get("max_references")
-    if isinstance(low, int) and isinstance(high, int) and low > high:
-        raise ValueError(f"{where}: min_references ({low}) > max_references ({high})")
+        if key == "min_references" and value < 0:
+            raise ValueError(f"{where}: reward key 'min_references' must be >= 0; got {value!r}")
     return dict(rewards)
 
 

@@ -153,6 +153,46 @@ class Observation:
     info: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
+@dataclasses.dataclass(frozen=True)
+class Score:
+    """The reward of one finished episode (`ToolEnv.score`): the number every consumer uses, and why.
+
+    Attributes:
+        reward: the reward in [0, 1].
+        reason: why the reward is zero or below 1, in words (None at full reward).
+        zero_reason: one of `rewards.combine.ZERO_REASONS` when a hard-zero rule fired, else None.
+        breakdown: how the reward was reached (the kind, the parts and their weights, per-reference checks,
+            judge outputs); plain JSON values.
+        generation: the image the reward's generator made (`clients.images.GenerationResult`) when one ran
+            (live judges); None otherwise. Not part of equality or `to_dict`.
+    """
+
+    reward: float
+    reason: str | None
+    zero_reason: str | None = None
+    breakdown: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    generation: Any = dataclasses.field(default=None, compare=False, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The score as JSON-ready values (what a trajectory records as `reward_breakdown`)."""
+        return {"reward": self.reward, "reason": self.reason, "zero_reason": self.zero_reason,
+                "breakdown": dict(self.breakdown)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Score":
+        """The inverse of `to_dict`.
+
+        Raises:
+            ValueError: a key other than reward, reason, zero_reason and breakdown, naming it.
+        """
+        known = ("reward", "reason", "zero_reason", "breakdown")
+        unknown = sorted(set(data) - set(known))
+        if unknown:
+            raise ValueError(f"unknown Score keys {unknown}; known: {list(known)}")
+        return cls(reward=data["reward"], reason=data.get("reason"), zero_reason=data.get("zero_reason"),
+                   breakdown=dict(data.get("breakdown") or {}))
+
+
 class FrozenDict(Mapping):
     """An immutable, hashable, picklable mapping (used for `EnvState.images` and other per-episode tables)."""
 

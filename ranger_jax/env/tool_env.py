@@ -9,6 +9,11 @@ ends only with one of `core.TERMINATIONS`:
   disabled; `repeated_response`: a turn identical to the previous one, or two truncated turns in a row;
 - `context_exceeded`, `error`: reported by the rollout through `terminate`.
 
+`score(state)` / `ascore(state)` is the reward of a finished episode — the one number rollouts (RL), the learner
+and evaluations use — computed from the env's `[rewards]` settings and its `max_answer_refs`
+(`ranger_jax.rewards.env_reward`). An offline-world score reads no image file, so it is the same before and after
+`close`.
+
 Text the env hands the policy (the task prompt, tool output, control messages) never spells a chat-control or
 vision token (`prompts.strip_control_tokens`), so rendering it cannot add image placeholders or turn boundaries.
 """
@@ -111,12 +116,15 @@ class ToolEnv:
     Args:
         backend: search and fetch (`LiveBackend`, `OfflineBackend`, or any `base.Backend`).
         config: tools and limits.
-        rewards: reward settings carried for the reward code (see config.REWARD_KEYS).
+        rewards: reward settings (see config.REWARD_KEYS).
+        reward: what `score` computes: any object with `async ascore(state) -> Score`; None builds the one the
+            settings ask for on first use (`rewards.env_reward.make_reward`).
     """
 
     def __init__(self, backend: base.Backend, config: config_lib.EnvConfig | None = None, *,
-                 rewards: Mapping[str, Any] | None = None):
+                 rewards: Mapping[str, Any] | None = None, reward: Any = None):
         self.backend = backend
+        self._reward = reward
         self.config = config or config_lib.EnvConfig()
         if tools.FIND_OBJECT in self.config.tools and getattr(backend, "object_finder", None) is None:
             raise ValueError(f"tool {tools.FIND_OBJECT!r} needs a backend that recognises objects from pixels "
@@ -325,6 +333,41 @@ class ToolEnv:
         info = {**(info or {}), "reason": reason}
         text = prompts.renderable(f"Episode over ({termination}): {reason}.")
         return state, core.Observation(text=text, done=True, termination=termination, info=info)
+
+    # ---- reward ------------------------------------------------------------------------------------------
+
+    @property
+    def reward(self) -> Any:
+        """The reward `score` computes (built from the settings on first use); assign to replace it."""
+        if self._reward is None:
+            from ranger_jax.rewards import env_reward  # the reward stack loads only when an episode is scored
+
+            self._reward = env_reward.make_reward(self)
+        return self._reward
+
+    @reward.setter
+    def reward(self, reward: Any) -> None:
+        self._reward = reward
+
+    def score(self, state: EnvState) -> core.Score:
+        """The reward of a finished episode; see `ascore`. Runs on the env's own background loop."""
+        return self._background.run(self.ascore(state))
+
+    async def ascore(self, state: EnvState) -> core.Score:
+        """The reward of the finished episode in `state`: the number rollouts, the learner and evaluations use.
+
+        Returns:
+            A `core.Score`: `reward` in [0, 1], `reason` (why it is zero or below 1), `zero_reason` (the hard-zero
+            rule that fired, if any), `breakdown` (the parts), and `generation` for live rewards.
+
+        Raises:
+            ValueError: `state` is not finished, or the settings cannot make a reward (naming the key).
+        """
+        if not isinstance(state, EnvState):
+            raise TypeError(f"score needs an EnvState; got {type(state).__name__}")
+        if not state.done:
+            raise ValueError(f"episode {state.task.id!r} is not over; score it once state.done is true")
+        return await self.reward.ascore(state)
 
     # ---- lifecycle ---------------------------------------------------------------------------------------
 

@@ -6,6 +6,11 @@ image is judged against the GT with the K-Score judge on the ORIGINAL question (
 overall) and, when α > 0, the answer text with the text-reward judge (R_text); then
 `combine.combine`. Any rule that fires, a failed generation and a failed judge give a zero whose reason is
 recorded. The generation result is returned too, so the trajectory keeps the image or the error.
+
+`JudgeReward` is this reward behind `ToolEnv.score`: it reads a finished `EnvState`, looks up the task's GT image
+(`task_ground_truth`) and returns a `core.Score` carrying the generation. The generator needs the references'
+pixels, so a live reward is taken while the env's image store exists: a cited reference whose file is gone is an
+error, never a silent zero.
 """
 
 from __future__ import annotations
@@ -13,11 +18,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from ranger_jax.clients import images, media
-from ranger_jax.env import core
+from ranger_jax.env import core, tool_env
 from ranger_jax.rewards import combine, judge, text_reward
 from ranger_jax.rewards.judge import KScoreJudge
 from ranger_jax.rewards.text_reward import TextRewardJudge
@@ -118,3 +124,63 @@ class LiveReward:
     def score(self, episode: Episode) -> tuple[combine.RewardBreakdown, images.GenerationResult | None]:
         """Sync twin of `ascore` (must not be called from a running event loop)."""
         return asyncio.run(self.ascore(episode))
+
+
+def task_ground_truth(task: core.Task) -> media.ImageLike | None:
+    """The GT image of a task: `ground_truth` itself (path, bytes, image), or its `gt_image` / `gen_image` key, or
+    an offline-world task's `image_file` (relative to `metadata["world"]`)."""
+    truth = task.ground_truth
+    if not isinstance(truth, Mapping):
+        return truth
+    if truth.get("gt_image", truth.get("gen_image")) is not None:
+        return truth.get("gt_image", truth.get("gen_image"))
+    world = (task.metadata or {}).get("world")
+    if truth.get("image_file") and world:
+        return str(Path(world) / truth["image_file"])
+    return None
+
+
+def to_score(breakdown: combine.RewardBreakdown, generation: images.GenerationResult | None) -> core.Score:
+    """A judged `RewardBreakdown` (and the generation it judged) as the env's `core.Score`."""
+    if breakdown.zero_reason is not None:
+        reason = breakdown.detail or breakdown.zero_reason
+    elif breakdown.reward < 1:
+        parts = [f"{name} {value:.2f}" for name, value in (("image reward", breakdown.image_reward),
+                                                           ("text reward", breakdown.text_reward))
+                 if value is not None and value < 1]
+        reason = "; ".join(parts) or f"reward {breakdown.reward:.2f}"
+    else:
+        reason = None
+    return core.Score(reward=breakdown.reward, reason=reason, zero_reason=breakdown.zero_reason,
+                      breakdown={"kind": "judge", **breakdown.to_dict()}, generation=generation)
+
+
+class JudgeReward:
+    """`LiveReward` over finished env states (see the module docstring).
+
+    Args:
+        reward: generator + judges + α + reference limits.
+        ground_truth: the GT image of a task (default: `task_ground_truth`).
+    """
+
+    def __init__(self, reward: LiveReward,
+                 ground_truth: Callable[[core.Task], media.ImageLike | None] = task_ground_truth):
+        self.reward, self.ground_truth = reward, ground_truth
+
+    async def ascore(self, state: tool_env.EnvState) -> core.Score:
+        """The live reward of the finished episode in `state`: generator, then judges.
+
+        Raises:
+            ValueError: a reference the answer cites has no file any more (the env was closed), naming it.
+        """
+        cited = state.answer.reference_images if state.answer is not None else ()
+        gone = [ref.img_id for ref in cited if ref.img_id in state.images
+                and not os.path.isfile(state.images[ref.img_id].path)]
+        if gone:
+            raise ValueError(f"task {state.task.id!r}: the files of references {gone} are gone (e.g. "
+                             f"{state.images[gone[0]].path}); the generator needs their pixels, so score a live "
+                             "reward before ToolEnv.close, or give the env a lasting image_store folder")
+        episode = Episode(question=state.task.prompt, ground_truth=self.ground_truth(state.task),
+                          answer=state.answer, termination=state.termination, images=state.images)
+        breakdown, generation = await self.reward.ascore(episode)
+        return to_score(breakdown, generation)

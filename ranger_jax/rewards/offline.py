@@ -1,109 +1,113 @@
-"""The offline world's RL reward: the hard-zero rules, then the exact sim score — no generator, no judge.
+"""The offline world's reward: the hard-zero rules, then the exact sim judgement weighted into one number.
 
-    hard_zero(termination, answer, image ids, valid reference count)  → 0 with its reason, or
-    R = sim.rewards.score(world, task, answer, images).reward          (0.6·search pass + 0.2·crop IoU + 0.2·text)
+    hard_zero(termination, answer, cited ids, references in [min_references, max_answer_refs])  → 0 with its reason
+    R_image = 0.75·search pass + 0.25·crop IoU         (env.sim.rewards.score: geometry of the references)
+    R_text  = text score                                (key attributes named, sibling-only attributes not)
+    R       = (1 − α)·R_image + α·R_text,  α = text_coef (rewards.combine.combine, the live reward's formula)
 
-The same hard-zero rules as the live reward (`combine.hard_zero`, with the environment's
-`min_references`/`max_references`) keep the two worlds' failure semantics equal: a `repeated_response` or
-`context_exceeded` episode earns 0 even if it had an answer. The sim parts (search pass, crop IoU, text score,
-per-reference checks, reason) are always kept in `RewardBreakdown.components["sim"]`, also when a rule zeroed
-the reward. For the viewer, the OFFLINE compositor (`clients.compositor`) "generates" an image from the
-answer's references when no rule fired; its failure is recorded, it never changes the exact reward.
+With α = 0.2 this is 0.6·search + 0.2·IoU + 0.2·text. The rules are the live reward's (`combine.hard_zero`), so a
+`repeated_response` or `context_exceeded` episode earns 0 in both worlds; the upper reference limit is the env's
+`max_answer_refs`, the number its system prompt states and its answer parser keeps, so an answer that follows the
+prompt is never zeroed for its reference count. Nothing here reads an image file: references are judged from the
+geometry the episode recorded (`ImageRecord.root_url` + `root_box`), so a score does not depend on when it is
+taken (before or after `ToolEnv.close` removes the env's image store). The sim parts stay in the breakdown when a
+rule zeroed the reward (what the answer would have scored).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
-from collections.abc import Mapping
 from typing import Any
 
-from ranger_jax.clients import compositor
-from ranger_jax.clients import images as images_lib
-from ranger_jax.env import core
+from ranger_jax.env import config as config_lib
+from ranger_jax.env import core, tool_env
 from ranger_jax.env.sim import rewards as sim_rewards
 from ranger_jax.env.sim import world as world_lib
 from ranger_jax.rewards import combine
 
-_CRITERIA_KEYS = {"coverage_min": "coverage_min", "share_min": "share_min", "rival_max": "rival_max",
-                  "max_ref_images": "max_references"}
+IMAGE_WEIGHTS = (0.75, 0.25)  # search pass, crop IoU in R_image
 
 
-def criteria_from_settings(settings: Mapping[str, Any]) -> sim_rewards.Criteria:
-    """`sim.rewards.Criteria` from an environment's `[rewards]` table (missing keys keep their defaults)."""
-    return sim_rewards.Criteria(**{field: settings[key] for key, field in _CRITERIA_KEYS.items() if key in settings})
+def _judgement(judged: sim_rewards.SimScore) -> dict[str, Any]:
+    """The sim judgement as plain JSON values."""
+    return {"search_pass": judged.search_pass, "crop_iou": judged.crop_iou, "text_score": judged.text_score,
+            "sim_reason": judged.reason, "key_attributes_present": list(judged.key_attributes_present),
+            "key_attributes_missing": list(judged.key_attributes_missing),
+            "sibling_attributes_mentioned": list(judged.sibling_attributes_mentioned),
+            "references": [{**dataclasses.asdict(check), "region": list(check.region) if check.region else None,
+                            "shown_siblings": list(check.shown_siblings)} for check in judged.references]}
 
 
-def _sim_components(score: sim_rewards.SimScore) -> dict[str, Any]:
-    return {"search_pass": score.search_pass, "crop_iou": score.crop_iou, "text_score": score.text_score,
-            "reward": score.reward, "reason": score.reason, "weights": list(sim_rewards.REWARD_WEIGHTS),
-            "key_attributes_present": list(score.key_attributes_present),
-            "key_attributes_missing": list(score.key_attributes_missing),
-            "sibling_attributes_mentioned": list(score.sibling_attributes_mentioned),
-            "references": [dataclasses.asdict(check) for check in score.references]}
+def _why_reduced(judged: sim_rewards.SimScore, alpha: float) -> str | None:
+    """The parts that kept the reward below 1, in words (None when none did)."""
+    parts = []
+    if not judged.search_pass and alpha < 1:
+        parts.append(f"search failed: {judged.reason}")
+    if judged.crop_iou < 1 and alpha < 1:
+        parts.append(f"crop IoU {judged.crop_iou:.2f}")
+    if judged.text_score < 1 and alpha > 0:
+        detail = [f"missing {list(judged.key_attributes_missing)}"] if judged.key_attributes_missing else []
+        if judged.sibling_attributes_mentioned:
+            detail.append(f"names sibling attributes {list(judged.sibling_attributes_mentioned)}")
+        parts.append(f"text score {judged.text_score:.2f}" + (f" ({'; '.join(detail)})" if detail else ""))
+    return "; ".join(parts) or None
 
 
 class OfflineReward:
-    """Scores offline-world episodes exactly (see the module docstring).
+    """The exact reward of offline-world episodes (see the module docstring).
 
     Args:
-        world: the loaded world the episodes run in (`sim.load_world`).
-        criteria: thresholds of the search judgement; `max_references` is also how many references reach the
-            compositor.
-        min_references / max_references: allowed count of valid local references (hard zero outside).
-        generator: makes the viewer's image (None: the offline compositor).
-        generate: run the generator at all (off: no image, e.g. for speed).
-        seed: generator seed pinned for every episode.
+        world: the loaded world the episodes run in.
+        text_coef: α, the weight of the text score (clamped to [0, 1]).
+        min_references / max_references: allowed count of references (hard zero outside); `max_references` is the
+            env's `max_answer_refs`.
+        criteria: thresholds of the search judgement.
     """
 
-    def __init__(self, world: world_lib.World, *, criteria: sim_rewards.Criteria | None = None,
-                 min_references: int = combine.MIN_REFERENCES, max_references: int = combine.MAX_REFERENCES,
-                 generator: images_lib.Generator | None = None, generate: bool = True, seed: int = 0):
+    def __init__(self, world: world_lib.World, *, text_coef: float = 0.0,
+                 min_references: int = combine.MIN_REFERENCES,
+                 max_references: int = config_lib.EnvConfig.max_answer_refs,
+                 criteria: sim_rewards.Criteria | None = None):
         if not 0 <= min_references <= max_references:
             raise ValueError(f"need 0 <= min_references <= max_references, got {min_references}, {max_references}")
         self.world = world
+        self.alpha = combine.clamp_alpha(text_coef)
+        self.min_references, self.max_references = min_references, max_references
         self.criteria = criteria or sim_rewards.Criteria()
-        self.min_references, self.max_references, self.seed = min_references, max_references, seed
-        if generator is None and generate:
-            generator = compositor.CompositorGenerator(max_references=self.criteria.max_references)
-        self.generator = generator if generate else None
 
     @classmethod
-    def from_settings(cls, world: world_lib.World, settings: Mapping[str, Any], *,
-                      generator: images_lib.Generator | None = None, generate: bool = True,
-                      seed: int = 0) -> "OfflineReward":
-        """An OfflineReward from an environment's `[rewards]` table (`ToolEnv.rewards`); see the class for the rest."""
-        return cls(world, criteria=criteria_from_settings(settings),
+    def from_env(cls, env: tool_env.ToolEnv, world: world_lib.World) -> "OfflineReward":
+        """The reward `env`'s settings ask for: its `[rewards]` table and its `max_answer_refs`."""
+        settings = env.rewards
+        return cls(world, text_coef=settings.get("text_coef", 0.0),
                    min_references=settings.get("min_references", combine.MIN_REFERENCES),
-                   max_references=settings.get("max_references", combine.MAX_REFERENCES),
-                   generator=generator, generate=generate, seed=seed)
+                   max_references=env.config.max_answer_refs,
+                   criteria=sim_rewards.Criteria.from_settings(settings))
 
-    def breakdown(self, task: core.Task, *, answer: core.Answer | None, termination: str | None,
-                  images: Mapping[str, core.ImageRecord]) -> combine.RewardBreakdown:
-        """The reward of one episode (no generation).
+    def score(self, state: tool_env.EnvState) -> core.Score:
+        """The reward of the finished episode in `state`.
 
         Raises:
             ValueError: the task has no offline-world ground truth, or names entities the world lacks.
         """
-        score = sim_rewards.score(self.world, task, answer, images, criteria=self.criteria)
-        components = {"sim": _sim_components(score)}
-        valid = [img_id for img_id, record in images.items() if os.path.isfile(record.path)]
+        task, answer = state.task, state.answer
+        judged = sim_rewards.score(self.world, task, answer, state.images, criteria=self.criteria)
+        image_reward = IMAGE_WEIGHTS[0] * float(judged.search_pass) + IMAGE_WEIGHTS[1] * judged.crop_iou
+        breakdown = {"kind": "sim", "alpha": self.alpha, "image_reward": image_reward,
+                     "text_reward": judged.text_score,
+                     "image_weights": {"search_pass": IMAGE_WEIGHTS[0], "crop_iou": IMAGE_WEIGHTS[1]},
+                     "min_references": self.min_references, "max_references": self.max_references,
+                     **_judgement(judged)}
         zero = combine.hard_zero(question=task.prompt, has_ground_truth=task.ground_truth is not None,
-                                 termination=termination, answer=answer, known_img_ids=images, valid_img_ids=valid,
-                                 min_references=self.min_references, max_references=self.max_references)
+                                 termination=state.termination, answer=answer, known_img_ids=state.images,
+                                 alpha=self.alpha, min_references=self.min_references,
+                                 max_references=self.max_references)
         if zero is not None:
-            return dataclasses.replace(zero, components=components)
-        return combine.RewardBreakdown(reward=score.reward, components=components)
+            return core.Score(reward=0.0, reason=zero.detail, zero_reason=zero.zero_reason, breakdown=breakdown)
+        combined = combine.combine(image_reward, judged.text_score, self.alpha)
+        return core.Score(reward=combined.reward, reason=_why_reduced(judged, self.alpha) if combined.reward < 1
+                          else None, breakdown=breakdown)
 
-    async def ascore(self, task: core.Task, *, answer: core.Answer | None, termination: str | None,
-                     images: Mapping[str, core.ImageRecord]
-                     ) -> tuple[combine.RewardBreakdown, images_lib.GenerationResult | None]:
-        """(reward breakdown, the compositor's result or None when a hard-zero rule fired or generation is off)."""
-        breakdown = self.breakdown(task, answer=answer, termination=termination, images=images)
-        if breakdown.zero_reason is not None or answer is None or self.generator is None:
-            return breakdown, None
-        paths = [images[ref.img_id].path for ref in answer.reference_images
-                 if ref.img_id in images and os.path.isfile(images[ref.img_id].path)]
-        generation = await self.generator.agenerate(answer.gen_prompt, paths[:self.criteria.max_references],
-                                                    seed=self.seed)
-        return breakdown, generation
+    async def ascore(self, state: tool_env.EnvState) -> core.Score:
+        """`score` for async callers (it does no I/O and takes about a millisecond)."""
+        return self.score(state)

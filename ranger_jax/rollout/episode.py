@@ -31,7 +31,6 @@ from ranger_jax.clients import images as images_lib
 from ranger_jax.data import trajectory
 from ranger_jax.env import core, tool_env
 from ranger_jax.processing import chat
-from ranger_jax.rewards import combine
 from ranger_jax.rollout import policy as policy_lib
 from ranger_jax.rollout import sequence
 
@@ -59,11 +58,10 @@ class EpisodeConfig:
 
 
 class Scorer(Protocol):
-    """Rewards one finished episode: (breakdown, the generator's result or None when nothing was generated)."""
+    """Rewards one finished episode (`scoring.EnvScorer`: the env's own `ToolEnv.ascore`)."""
 
-    async def ascore(self, env: tool_env.ToolEnv, state: tool_env.EnvState
-                     ) -> tuple[combine.RewardBreakdown, images_lib.GenerationResult | None]:
-        """Rewards the finished episode in `state`; returns the breakdown and the generation, if any."""
+    async def ascore(self, env: tool_env.ToolEnv, state: tool_env.EnvState) -> core.Score:
+        """The score of the finished episode in `state`; its `generation` is the generated image, if any."""
 
 
 class EpisodeCache:
@@ -157,7 +155,8 @@ async def run_episode(env: tool_env.ToolEnv, policy: policy_lib.Policy, spec: Ep
         spec: task, group id, sample index and seed.
         renderer: the policy model's chat renderer (its tokenizer encodes every prompt segment).
         config: limits, sampling and image settings.
-        scorer: rewards the finished episode; None records reward 0 without a breakdown.
+        scorer: rewards the finished episode (`scoring.make_scorer(env)`); None records reward 0 without a
+            breakdown.
         cache: work shared with the run's other episodes (None: a private one).
 
     Returns:
@@ -175,12 +174,12 @@ async def run_episode(env: tool_env.ToolEnv, policy: policy_lib.Policy, spec: Ep
     finally:
         await policy.release(spec.rid)
     rollout_s = time.monotonic() - started
-    breakdown, generation, reward_s = None, None, 0.0
+    score, reward_s = None, 0.0
     if scorer is not None:
         reward_started = time.monotonic()
-        breakdown, generation = await scorer.ascore(env, state)
+        score = await scorer.ascore(env, state)
         reward_s = time.monotonic() - reward_started
-    return _record(ep, policy, state, breakdown, generation, rollout_s, reward_s)
+    return _record(ep, policy, state, score, rollout_s, reward_s)
 
 
 async def _loop(env: tool_env.ToolEnv, policy: policy_lib.Policy, ep: _Episode, state: tool_env.EnvState,
@@ -272,10 +271,10 @@ def _check_generation(gen: policy_lib.Generation, request: policy_lib.TurnReques
     return None
 
 
-def _record(ep: _Episode, policy: policy_lib.Policy, state: tool_env.EnvState,
-            breakdown: combine.RewardBreakdown | None, generation: images_lib.GenerationResult | None,
+def _record(ep: _Episode, policy: policy_lib.Policy, state: tool_env.EnvState, score: core.Score | None,
             rollout_s: float, reward_s: float) -> trajectory.Trajectory:
     tok = ep.renderer.tokenizer
+    generation: images_lib.GenerationResult | None = score.generation if score is not None else None
     sums = {key: round(sum(t.get(key, 0.0) for t in ep.turns), 6) for key in ("generate_s", "tool_s", "process_s")}
     timings = {**sums, "rollout_s": round(rollout_s, 6), "reward_s": round(reward_s, 6),
                "generation_s": round(generation.latency_s, 6) if generation is not None else 0.0}
@@ -294,8 +293,8 @@ def _record(ep: _Episode, policy: policy_lib.Policy, state: tool_env.EnvState,
     return trajectory.Trajectory(
         task_id=ep.spec.task.id, group_id=ep.spec.group_id, sample_index=ep.spec.sample_index,
         policy_version=min(ep.versions) if ep.versions else 0, **ep.seq.arrays(), images=tuple(ep.seq.images),
-        termination=state.termination, reward=breakdown.reward if breakdown is not None else 0.0,
-        reward_breakdown=breakdown.to_dict() if breakdown is not None else {}, answer=state.answer,
+        termination=state.termination, reward=score.reward if score is not None else 0.0,
+        reward_breakdown=score.to_dict() if score is not None else {}, answer=state.answer,
         messages=tuple(state.messages[:ep.num_messages]), generated_image=generated_image,
         generation_error=generation_error, timings=timings, metadata=metadata, image_pad_id=tok.image_pad_id,
         merge_size=ep.config.vision.merge_size)

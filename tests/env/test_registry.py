@@ -108,8 +108,8 @@ def test_every_option_name_has_one_home():
     ({"text_coef": 1.5}, r"'text_coef' must be in \[0, 1\]; got 1.5"),
     ({"coverage_min": 0}, r"'coverage_min' must be in \(0, 1\]; got 0"),
     ({"rival_max": 2.0}, r"'rival_max' must be in \(0, 1\]"),
-    ({"max_ref_images": 0}, "'max_ref_images' must be >= 1"),
-    ({"min_references": 3, "max_references": 2}, r"min_references \(3\) > max_references \(2\)"),
+    ({"min_references": -1}, "'min_references' must be >= 0; got -1"),
+    ({"max_references": 4}, "unknown option 'max_references'"),
     ({"fetch_timeout_s": "x"}, "'fetch_timeout_s' must be a positive number of seconds"),
     ({"timeout_s": float("nan")}, "'timeout_s' must be a positive number of seconds"),
     ({"max_page_bytes": 0}, "'max_page_bytes' must be an integer >= 1"),
@@ -132,6 +132,11 @@ def test_option_values_in_a_file_name_the_file(tmp_path):
     path = write(tmp_path, 'backend = "live"\n[rewards]\nshare_min = 1.2\n', name="r.toml")
     with pytest.raises(ValueError, match=r"r\.toml: reward key 'share_min' must be in \(0, 1\]"):
         env.make(path)
+    for key in ("max_references", "max_ref_images"):  # the reference limit has one name: [env] max_answer_refs
+        path = write(tmp_path, f'backend = "live"\n[rewards]\n{key} = 4\n', name="old.toml")
+        with pytest.raises(ValueError, match=rf"old\.toml: reward key '{key}' is gone; the limit on an answer's "
+                                             r"references is \[env\] max_answer_refs"):
+            env.make(path)
 
 
 def test_a_single_allowed_host_string_is_one_entry():

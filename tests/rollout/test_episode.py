@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from ranger_jax import env
 from ranger_jax.data import trajectory as trajectory_lib
 from ranger_jax.env import config as config_lib
 from ranger_jax.env import core, tool_env
 from ranger_jax.env.backends import base
-from ranger_jax.env.sim import rewards as sim_rewards
-from ranger_jax.env.sim import savanna
+from ranger_jax.env.sim import agents, savanna
 from ranger_jax.processing import preprocess_image
 from ranger_jax.rollout import episode, policy, runner, scoring, sequence
 
@@ -50,8 +50,8 @@ def test_expert_trajectories_are_exact_sft_data(expert_runs, tasks, qwen_rendere
     for task in tasks:
         traj = expert_runs[task.id]
         assert traj.termination == core.ANSWER and traj.answer is not None
-        # the reward is the sim's exact score, its parts kept
-        assert traj.reward_breakdown["components"]["sim"]["reward"] == pytest.approx(traj.reward)
+        # the reward is the env's own score, its parts kept
+        assert traj.reward_breakdown["reward"] == traj.reward and traj.reward_breakdown["breakdown"]["kind"] == "sim"
         assert traj.reward >= 0.8 and traj.reward_breakdown["zero_reason"] is None
         # prompt: the rendered system + user turns, byte for byte
         system, user = traj.messages[0]["content"], traj.messages[1]["content"]
@@ -98,14 +98,20 @@ def test_shared_cache_changes_nothing_but_the_work(sim_env, expert, tasks, qwen_
                                       qwen_renderer.render_prefix(system, text, date=None).ids)
 
 
-def test_offline_reward_matches_the_sim_score(expert_runs, tasks, the_world, sim_env, expert, qwen_renderer):
-    task = tasks[0]
-    state = sim_env.reset(task)
-    while not state.done:  # the expert's episode replayed through the env alone
-        state, _ = sim_env.step(state, expert.agent.act(state))
-    exact = sim_rewards.score(the_world, task, state.answer, state.images)
-    assert expert_runs[task.id].reward == pytest.approx(exact.reward)
-    assert expert_runs[task.id].answer == state.answer
+def test_rollout_records_the_reward_an_eval_reports(expert_runs, tasks, world_dir, sim_env, expert):
+    """One reward for eval and RL: the same answer scores the same in savanna.evaluate, ToolEnv.score and the
+    trajectory (the expert's episodes replayed through the env alone, scored after it is closed)."""
+    report = savanna.evaluate(world_dir, expert.agent, env_name="envs/savanna_sim.toml")
+    rows = {row["task_id"]: row for row in report["episodes"]}
+    with env.make("envs/savanna_sim.toml", world=str(world_dir)) as replay:
+        states = {task.id: agents.run_episode(replay, task, expert.agent) for task in tasks}
+    for task in tasks:
+        traj, state = expert_runs[task.id], states[task.id]
+        assert traj.answer == state.answer
+        score = replay.score(state)  # after close: crops cited, their files gone
+        assert traj.reward == score.reward == pytest.approx(rows[task.id]["reward"], abs=5e-5)
+        assert core.Score.from_dict(traj.reward_breakdown) == score
+        assert rows[task.id]["search_pass"] == score.breakdown["search_pass"] is True
 
 
 def test_context_budget_counts_image_tokens(expert_runs, tasks, sim_env, expert, qwen_renderer):

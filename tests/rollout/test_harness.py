@@ -78,7 +78,7 @@ def test_harness_episode_over_chat_loopback(loopback, sim_env, tasks, qwen_rende
     assert said[0].startswith("<think>I search images.</think>\n<tool_call>\n")
     assert said[2].endswith("</answer> ")  # the literal <|image_pad|> never reaches the env or the ids
     assert (traj.token_ids == qwen_renderer.tokenizer.image_pad_id).sum() == sum(i.num_tokens() for i in traj.images)
-    assert traj.reward_breakdown["components"]["sim"]["references"][0]["img_id"] == "IMG_006"
+    assert traj.reward_breakdown["breakdown"]["references"][0]["img_id"] == "IMG_006"
     page = viewer.render_html([traj])  # the viewer shows a harness episode like any other
     assert all(base64.b64encode(image.png).decode() in page for image in traj.images)
     assert "crop of IMG_001" in page and "harness" in page and "<h3>Crops</h3>" in page

@@ -9,10 +9,11 @@ import pytest
 from PIL import Image
 from support.loopback import LoopbackServer, Reply
 
+from ranger_jax import env
 from ranger_jax.data import viewer
 from ranger_jax.env import core
 from ranger_jax.env.sim import savanna
-from ranger_jax.rewards import combine, kscore, text_reward
+from ranger_jax.rewards import combine, kscore, live, text_reward
 from ranger_jax.rollout import episode, policy, runner, scoring, sequence
 
 CONFIG = episode.EpisodeConfig(max_new_tokens=512, max_context_tokens=20_000,
@@ -111,26 +112,34 @@ def services():
         yield server
 
 
-def test_live_reward_records_the_generated_image_or_its_failure(services, sim_env, tasks, the_world, qwen_renderer):
+@pytest.fixture(scope="module")
+def judged_env(services, world_dir):
+    """The offline world with the live reward: loopback images API and judge (the env's [rewards] options)."""
+    judge = {"kind": "judge", "judge_url": services.url + "/v1", "judge_model": "judge",
+             "generator_url": services.url}
+    with env.make("envs/savanna_sim.toml", world=str(world_dir), **judge) as tool_env:
+        yield tool_env
+
+
+def test_live_reward_records_the_generated_image_or_its_failure(services, judged_env, tasks, the_world,
+                                                                qwen_renderer):
     expert = policy.ScriptedPolicy(savanna.make_policy("expert", the_world), qwen_renderer.tokenizer)
-    overrides = {"kind": "judge", "judge_url": services.url + "/v1", "judge_model": "judge",
-                 "generator_url": services.url}
-    scorer = scoring.make_scorer(sim_env, overrides=overrides)
-    assert isinstance(scorer, scoring.LiveScorer)
-    [group] = runner.run(sim_env, expert, tasks[:1], renderer=qwen_renderer, scorer=scorer,
+    scorer = scoring.make_scorer(judged_env, generate_images=False)  # the reward generates its own image
+    [group] = runner.run(judged_env, expert, tasks[:1], renderer=qwen_renderer, scorer=scorer,
                          config=runner.RolloutConfig(episode=CONFIG))
     traj = group.trajectories[0]
     assert traj.termination == core.ANSWER and traj.generation_error is None
     assert Image.open(io.BytesIO(traj.generated_image)).getpixel((0, 0)) == (200, 30, 30)
     overall = kscore.parse_judge_output(JUDGE).overall
     assert traj.reward == pytest.approx(0.5 * overall + 0.5 * text_reward.snap(0.8))
-    assert traj.reward_breakdown["components"]["kscore"]["faithfulness"] == 1
+    assert traj.reward_breakdown["breakdown"]["kind"] == "judge"
+    assert traj.reward_breakdown["breakdown"]["components"]["kscore"]["faithfulness"] == 1
     assert traj.metadata["generation_request"]["num_references"] == 1 and traj.timings["generation_s"] > 0
     edits = [r for r in services.requests if r.path == "/v1/images/edits"]
     assert len(edits) == 1
 
     services.fail_next("POST", "/v1/images/edits", Reply.json({"detail": "CUDA out of memory"}, status=400))
-    [group] = runner.run(sim_env, expert, tasks[:1], renderer=qwen_renderer, scorer=scorer,
+    [group] = runner.run(judged_env, expert, tasks[:1], renderer=qwen_renderer, scorer=scorer,
                          config=runner.RolloutConfig(episode=CONFIG))
     failed = group.trajectories[0]
     assert failed.generated_image is None and "CUDA out of memory" in failed.generation_error
@@ -141,13 +150,17 @@ def test_live_reward_records_the_generated_image_or_its_failure(services, sim_en
 
 
 def test_task_ground_truth_and_scorer_errors(sim_env, tasks, world_dir):
-    assert scoring.task_ground_truth(tasks[0]) == str(world_dir / tasks[0].ground_truth["image_file"])
-    assert scoring.task_ground_truth(core.Task("k", "p", ground_truth={"gt_image": "a.png"})) == "a.png"
-    assert scoring.task_ground_truth(core.Task("k", "p", ground_truth=b"raw")) == b"raw"
-    assert scoring.task_ground_truth(core.Task("k", "p", ground_truth={"other": 1})) is None
-    with pytest.raises(ValueError, match="reward kind 'sim' needs the offline world"):
-        scoring.make_scorer(sim_env)
-    with pytest.raises(ValueError, match="unknown reward kind 'vibes'; known kinds"):
-        scoring.make_scorer(sim_env, overrides={"kind": "vibes"})
-    with pytest.raises(ValueError, match="needs the \\[rewards\\] key 'judge_url'"):
-        scoring.make_scorer(sim_env, overrides={"kind": "judge"})
+    assert live.task_ground_truth(tasks[0]) == str(world_dir / tasks[0].ground_truth["image_file"])
+    assert live.task_ground_truth(core.Task("k", "p", ground_truth={"gt_image": "a.png"})) == "a.png"
+    assert live.task_ground_truth(core.Task("k", "p", ground_truth=b"raw")) == b"raw"
+    assert live.task_ground_truth(core.Task("k", "p", ground_truth={"other": 1})) is None
+    with env.make("envs/savanna_sim.toml", world=str(world_dir), kind="judge") as judged:
+        with pytest.raises(ValueError, match="needs the \\[rewards\\] key 'judge_url'"):
+            scoring.make_scorer(judged)  # fails when the scorer is made, not mid-run
+    with env.make("envs/savanna_live.toml", kind="sim") as live_env:
+        with pytest.raises(ValueError, match="reward kind 'sim' needs the offline world; backend LiveBackend"):
+            scoring.make_scorer(live_env)
+    with env.make("envs/savanna_sim.toml", world=str(world_dir)) as tool_env:
+        tool_env.reward = object()
+        with pytest.raises(TypeError, match=r"env.reward \(object\) has no ascore"):
+            scoring.make_scorer(tool_env)

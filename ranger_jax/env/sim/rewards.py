@@ -1,10 +1,11 @@
-"""Exact rewards in the offline world: search pass/fail, crop quality and text score of one answer.
+"""Exact judgement of one answer in the offline world: search pass/fail, crop quality and text score.
 
 Every reference the policy selects is an `ImageRecord` of its episode: `root_url` names the world image it derives
 from and `root_box` the region of that image it shows (the whole image when None). The world's annotations give
-every entity's pixel box in that image, so each reference is judged from geometry alone. Only the first
-MAX_REFERENCES (3) references count (the generator receives no more, as in Gen-Searcher). The thresholds below are
-the fields of `Criteria` (defaults in brackets).
+every entity's pixel box in that image, so each reference is judged from geometry alone — never from image files,
+so the judgement is the same before and after the episode's env is closed. Every reference of the answer counts
+(the env's answer parser keeps at most `max_answer_refs`). The thresholds below are the fields of `Criteria`
+(defaults in brackets). How these parts make the reward is `ranger_jax.rewards.offline` (`ToolEnv.score`).
 
 For an entity with box O in a reference with region R, let vis = area(O ∩ R). The reference
   - **shows** the entity when coverage = vis / area(O) ≥ COVERAGE_MIN [0.8] (enough of it is visible) and
@@ -32,9 +33,6 @@ from collections.abc import Mapping
 from ranger_jax.env import core
 from ranger_jax.env.sim.world import Box, World, box_area, box_intersection, box_iou
 
-REWARD_WEIGHTS = (0.6, 0.2, 0.2)  # search pass, crop IoU, text score in `SimScore.reward`
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Criteria:
     """Thresholds of the search judgement (definitions in the module docstring)."""
@@ -42,15 +40,17 @@ class Criteria:
     coverage_min: float = 0.8  # COVERAGE_MIN: fraction of an object's box the region must contain
     share_min: float = 0.3  # SHARE_MIN: fraction of the region the object must fill (a whole scene fails)
     rival_max: float = 0.5  # RIVAL_MAX: a sibling this large relative to the target makes it ambiguous
-    max_references: int = 3  # MAX_REFERENCES: references the generator receives
 
     def __post_init__(self):
         for name in ("coverage_min", "share_min", "rival_max"):
             value = getattr(self, name)
             if not 0.0 < value <= 1.0:
                 raise ValueError(f"Criteria.{name} must be in (0, 1]; got {value!r}")
-        if self.max_references < 1:
-            raise ValueError(f"Criteria.max_references must be >= 1; got {self.max_references!r}")
+
+    @classmethod
+    def from_settings(cls, settings: Mapping) -> "Criteria":
+        """The criteria of an environment's `[rewards]` table (`ToolEnv.rewards`); missing keys keep defaults."""
+        return cls(**{f.name: settings[f.name] for f in dataclasses.fields(cls) if f.name in settings})
 
 
 _TRUTH_KEYS = ("target_id", "sibling_ids", "key_attributes", "sibling_only_attributes")
@@ -85,7 +85,7 @@ class ReferenceCheck:
 
 @dataclasses.dataclass(frozen=True)
 class SimScore:
-    """The exact scores of one answer, with the details that explain them."""
+    """The exact judgement of one answer, with the details that explain it."""
 
     search_pass: bool
     crop_iou: float
@@ -95,12 +95,6 @@ class SimScore:
     key_attributes_missing: tuple[str, ...]
     sibling_attributes_mentioned: tuple[str, ...]
     reason: str
-
-    @property
-    def reward(self) -> float:
-        """Scalar reward in [0, 1]: REWARD_WEIGHTS · (search pass, crop IoU, text score)."""
-        w_search, w_crop, w_text = REWARD_WEIGHTS
-        return w_search * float(self.search_pass) + w_crop * self.crop_iou + w_text * self.text_score
 
 
 def _find(text: str, phrase: str) -> list[tuple[int, int]]:
@@ -180,7 +174,7 @@ def _truth(task: core.Task, world: World) -> Mapping:
 
 def score(world: World, task: core.Task, answer: core.Answer | None, images: Mapping[str, core.ImageRecord],
           *, criteria: Criteria = Criteria()) -> SimScore:
-    """Scores one episode's answer exactly.
+    """Judges one episode's answer exactly.
 
     Args:
         world: the loaded world the episode ran in.
@@ -203,7 +197,7 @@ def score(world: World, task: core.Task, answer: core.Answer | None, images: Map
     checks = tuple(
         check_reference(world, images.get(ref.img_id), ref.img_id, truth["target_id"], list(truth["sibling_ids"]),
                         criteria)
-        for ref in answer.reference_images[:criteria.max_references]
+        for ref in answer.reference_images
     )
     shows = [c.img_id for c in checks if c.shows_target]
     siblings = sorted({s for c in checks for s in c.shown_siblings})

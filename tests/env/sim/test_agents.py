@@ -137,12 +137,27 @@ def test_request_reading():
 
 
 def test_unknown_policy_is_named(small_world):
-    with pytest.raises(ValueError, match=r"unknown policy 'oracle'; known policies: \['expert', 'naive'\]"):
+    with pytest.raises(ValueError, match=r"unknown policy 'oracle'; known policies: \['expert', 'finder', 'naive'\]"):
         savanna.evaluate(small_world, "oracle")
+    with pytest.raises(TypeError, match=r"an agent is a built-in name .* got int"):
+        savanna.evaluate(small_world, 42)
     for limit in (0, -1, 1.5):
         with pytest.raises(ValueError, match=f"limit must be a positive number of tasks or None; got {limit}"):
             savanna.evaluate(small_world, "naive", limit=limit)
     assert savanna.evaluate(small_world, "naive", limit=2)["num_tasks"] == 2
+
+
+def test_any_agent_can_be_evaluated(small_world):
+    """A built-in name, an object with act, and a bare act callable give the same rows (reward = env.score)."""
+    expert = agents.ExpertAgent(OracleDetector(load_world(small_world)))
+    by_name = savanna.evaluate(small_world, "expert", limit=3)
+    by_object = savanna.evaluate(small_world, expert, limit=3)
+    by_callable = savanna.evaluate(small_world, expert.act, limit=3)
+    assert by_name["episodes"] == by_object["episodes"] == by_callable["episodes"]
+    assert (by_name["policy"], by_object["policy"], by_callable["policy"]) == ("expert", "ExpertAgent", "act")
+    assert {"search_pass", "reward", "reason", "zero_reason", "last_response"} <= set(by_name["episodes"][0])
+    finder = savanna.evaluate(small_world, "finder", limit=3)  # its env gets find_object, the tool it needs
+    assert finder["search_score"] > 0 and finder["terminations"] == {"answer": 3}
 
 
 def test_eval_script_writes_json(small_world, tmp_path, monkeypatch, capsys):
