@@ -1,0 +1,304 @@
+"""The learner: a thin stateful shell around the pure `train_step` that owns the mesh, the state and checkpoints.
+
+    model = qwen3_vl.load(path, mesh=mesh)                  # or qwen3_vl.init(config, mesh=mesh)
+    learner = Learner(model, LearnerConfig(objective="sft", learning_rate=1e-5), mesh=mesh, checkpoint_dir=ckpt)
+    metrics = learner.step(batch)                           # one optimizer update; {"loss": ..., "grad_norm": ...}
+    learner.save(data_state=iterator.get_state())           # async
+    sampler.update_weights(learner.params_model(sampler.config, mesh=sampler.mesh))
+
+The learner copies the model's parameters into its own `TrainState` (cast to the configured parameter dtype, each
+placed in the sharding the model's partition rules give on `mesh`) and donates that state to every step, so the
+model handed in is never invalidated. A batch (the learner batch contract: rows right-padded to T) is checked on the
+host before it is placed or compiled for: sizes that do not fit the mesh or `grad_accum_steps` are ValueErrors that
+name the field and the numbers. Rows go to the ("data", "fsdp") mesh axes; `jax.jit` compiles once per batch shape.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import math
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
+
+from ranger_jax import checkpoint as checkpoint_lib
+from ranger_jax.models.qwen3_vl import config as model_config_lib
+from ranger_jax.models.qwen3_vl import loss as loss_lib
+from ranger_jax.models.qwen3_vl import model as model_lib
+from ranger_jax.parallel import mesh as mesh_lib
+from ranger_jax.parallel import rules as rules_lib
+from ranger_jax.rl import train_step as train_step_lib
+from ranger_jax.rl.learner_config import LearnerConfig
+
+__all__ = ["Learner", "LearnerConfig", "check_batch", "place_model"]
+
+log = logging.getLogger(__name__)
+
+_ROW_DTYPES = {"input_ids": np.int32, "attention_mask": np.int32, "loss_mask": np.float32, "sampler_logp": np.float32,
+               "advantages": np.float32, "row_valid": np.float32}
+_IMAGE_DTYPES = {"pixel_values": np.float32, "image_grid_thw": np.int32}
+_REQUIRED = {"sft": ("input_ids", "attention_mask", "loss_mask"),
+             "grpo": ("input_ids", "attention_mask", "loss_mask", "sampler_logp", "advantages")}
+_HOST_ONLY = ("policy_version",)  # in the batch contract, used upstream (staleness) and not by the update
+
+
+def _same_architecture(a: model_config_lib.Qwen3VLConfig, b: model_config_lib.Qwen3VLConfig) -> bool:
+    runtime = dict(dtype="float32", param_dtype="float32", remat="none", attention="blocked", sharding_rules="train")
+    return dataclasses.replace(a, **runtime) == dataclasses.replace(b, **runtime)
+
+
+def place_model(model: model_lib.Qwen3VL, config: model_config_lib.Qwen3VLConfig,
+                mesh: jax.sharding.Mesh | None) -> model_lib.Qwen3VL:
+    """A copy of `model`'s parameters as a model built for `config` (same architecture, its own runtime fields:
+    dtypes, remat, attention kernel, partition rules), each parameter cast and placed on `mesh` by the rules.
+
+    The copy owns fresh buffers, so donating it never invalidates `model`.
+
+    Raises:
+        ValueError: another architecture, or a parameter that does not fit the rules on `mesh` (naming it).
+    """
+    if not _same_architecture(model.config, config):
+        raise ValueError("place_model needs a config of the same architecture as the model (text_config, "
+                         "vision_config, token ids, tie_word_embeddings); only runtime fields may differ")
+    abstract = nnx.eval_shape(lambda: model_lib.Qwen3VL(config, rngs=nnx.Rngs(0)))
+    graphdef, abstract_params = nnx.split(abstract, nnx.Param)
+    if mesh is None:
+        device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        shardings = jax.tree.map(lambda _: device, abstract_params)
+    else:
+        mesh_lib.check_mesh(mesh)
+        specs = rules_lib.param_shardings(abstract_params, mesh, config.sharding_rules)
+        shardings = jax.tree.map(lambda v, s: v.replace(s), abstract_params, specs,
+                                 is_leaf=lambda x: isinstance(x, nnx.Variable))
+    values = jax.device_put(nnx.state(model, nnx.Param), shardings)
+    cast = jax.jit(lambda tree: jax.tree.map(lambda x, a: x.astype(a.dtype), tree, abstract_params),
+                   out_shardings=shardings)
+    return nnx.merge(graphdef, cast(values))
+
+
+def _batch_shards(mesh: jax.sharding.Mesh | None) -> tuple[int, str]:
+    if mesh is None:
+        return 1, "1"
+    sizes = [mesh.shape[a] for a in train_step_lib.BATCH_AXES]
+    return math.prod(sizes), " × ".join(str(s) for s in sizes)
+
+
+def check_batch(batch: Mapping[str, Any], config: LearnerConfig, model_config: model_config_lib.Qwen3VLConfig,
+                mesh: jax.sharding.Mesh | None = None) -> None:
+    """Checks a learner batch on the host, before anything is placed or compiled.
+
+    Raises:
+        ValueError: missing or unknown keys, shapes that disagree (naming the key and both shapes), the model's
+            input checks (`model.check_inputs`), batch rows not divisible by `grad_accum_steps`, or microbatch
+            rows not divisible by the mesh's data × fsdp.
+    """
+    required = _REQUIRED[config.objective]
+    missing = [k for k in required if k not in batch]
+    if missing:
+        raise ValueError(f"the batch lacks {missing}; objective {config.objective!r} needs {list(required)}")
+    known = set(_ROW_DTYPES) | set(_IMAGE_DTYPES) | set(_HOST_ONLY)
+    unknown = sorted(set(batch) - known)
+    if unknown:
+        raise ValueError(f"the batch holds unknown keys {unknown}; known keys: {sorted(known)}")
+    ids = np.asarray(batch["input_ids"])
+    if ids.ndim != 2:
+        raise ValueError(f"batch input_ids must be [B, T], got shape {ids.shape}")
+    rows = ids.shape[0]
+    for key in ("attention_mask", "loss_mask", "sampler_logp"):
+        if key in batch and np.shape(batch[key]) != ids.shape:
+            raise ValueError(f"batch {key} has shape {np.shape(batch[key])}, input_ids has {ids.shape}")
+    for key in ("advantages", "row_valid", "policy_version"):
+        if key in batch and np.shape(batch[key]) != (rows,):
+            raise ValueError(f"batch {key} has shape {np.shape(batch[key])}, expected ({rows},) (one per row)")
+    model_lib.check_inputs(model_config, ids, batch["attention_mask"], batch.get("pixel_values"),
+                           batch.get("image_grid_thw"))
+    _check_rows(rows, config.grad_accum_steps, mesh)
+
+
+def _check_rows(rows: int, accum: int, mesh: jax.sharding.Mesh | None) -> None:
+    if rows % accum:
+        raise ValueError(f"LearnerConfig.grad_accum_steps={accum} does not divide the batch's {rows} rows")
+    shards, product = _batch_shards(mesh)
+    if (rows // accum) % shards:
+        raise ValueError(f"batch rows per microbatch ({rows} rows / grad_accum_steps {accum} = {rows // accum}) are "
+                         f"not divisible by the mesh's data × fsdp = {product} = {shards}; pad the batch with "
+                         f"row_valid = 0 rows to a multiple of {accum * shards}")
+
+
+class Learner:
+    """Owns a sharded `TrainState` and steps it with the compiled `train_step` (see the module docstring).
+
+    Args:
+        model: the policy to train (its parameters are copied).
+        config: the learner settings.
+        mesh: a ("data", "fsdp", "tensor") mesh (`parallel.mesh.make_mesh`); None = one device.
+        ref_model: GRPO's reference policy for the KL term (kl_coef > 0); None = a frozen copy of `model`.
+        checkpoint_dir: where `save` / `restore` keep checkpoints (local path or bucket URL); None = no checkpoints.
+        max_to_keep: checkpoints kept.
+        async_save: write checkpoints in the background.
+
+    Raises:
+        ValueError: a parameter that does not fit the mesh (naming it and the sizes), or a ref_model where no KL term
+            is computed.
+    """
+
+    def __init__(self, model: model_lib.Qwen3VL, config: LearnerConfig, *, mesh: jax.sharding.Mesh | None = None,
+                 ref_model: model_lib.Qwen3VL | None = None, checkpoint_dir: str | os.PathLike | None = None,
+                 max_to_keep: int | None = 3, async_save: bool = True):
+        self.config = config
+        self.mesh = mesh
+        current = model.config
+        self.model_config = dataclasses.replace(current, dtype=config.dtype or current.dtype,
+                                                param_dtype=config.param_dtype or current.param_dtype,
+                                                remat=config.remat or current.remat)
+        uses_ref = config.objective == "grpo" and config.kl_coef > 0
+        if ref_model is not None and not uses_ref:
+            raise ValueError("ref_model is only read by objective='grpo' with kl_coef > 0; got objective="
+                             f"{config.objective!r}, kl_coef={config.kl_coef}")
+        placed = place_model(model, self.model_config, mesh)
+        with self._mesh_context():
+            state = train_step_lib.init_state(placed, config)
+        # every array committed to its final sharding, so the first step compiles the same program as the rest
+        if mesh is None:
+            device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+            self.state = jax.device_put(state, jax.tree.map(lambda _: device, state))
+        else:
+            self.state = jax.device_put(state, train_step_lib.state_shardings(state, mesh,
+                                                                              self.model_config.sharding_rules))
+        self._ref_params = None
+        if uses_ref:
+            self._ref_params = nnx.state(place_model(ref_model or model, self.model_config, mesh), nnx.Param)
+        self.checkpoints = None
+        if checkpoint_dir is not None:
+            self.checkpoints = checkpoint_lib.CheckpointManager(checkpoint_dir, max_to_keep=max_to_keep,
+                                                                async_save=async_save)
+        self._shapes: set[tuple] = set()
+
+    def _mesh_context(self):
+        return jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext()
+
+    @property
+    def step_count(self) -> int:
+        """Optimizer updates applied so far."""
+        return int(self.state.step)
+
+    # ----- steps -----------------------------------------------------------------------------------------------------
+
+    def _place_batch(self, batch: Mapping[str, Any]) -> dict[str, jax.Array]:
+        arrays = {k: np.asarray(batch[k], dtype) for k, dtype in _ROW_DTYPES.items() if k in batch}
+        arrays.setdefault("row_valid", np.ones(arrays["input_ids"].shape[0], np.float32))
+        images = {k: np.asarray(batch[k], dtype) for k, dtype in _IMAGE_DTYPES.items() if batch.get(k) is not None}
+        if self.mesh is None:
+            return {k: jnp.asarray(v) for k, v in {**arrays, **images}.items()}
+        placed = {}
+        for key, value in arrays.items():
+            spec = PartitionSpec(train_step_lib.BATCH_AXES, *(None,) * (value.ndim - 1))
+            placed[key] = jax.make_array_from_process_local_data(NamedSharding(self.mesh, spec), value)
+        for key, value in images.items():
+            placed[key] = jax.device_put(value, NamedSharding(self.mesh, PartitionSpec()))
+        return placed
+
+    def step(self, batch: Mapping[str, Any]) -> dict[str, float]:
+        """One optimizer update from `batch` (host arrays, the learner batch contract).
+
+        Returns:
+            The step's metrics as Python floats: loss, grad_norm, learning_rate, tokens, and the objective's own.
+
+        Raises:
+            ValueError: from `check_batch`.
+        """
+        check_batch(batch, self.config, self.model_config, self.mesh)
+        arrays = self._place_batch(batch)
+        shapes = tuple(sorted((k, v.shape) for k, v in arrays.items()))
+        if shapes not in self._shapes:
+            self._shapes.add(shapes)
+            log.info("learner: compiling the train step for batch shapes %s", dict(shapes))
+        with self._mesh_context():
+            if self._ref_params is not None:
+                arrays["ref_logp"] = _jit_logprobs(self.state.graphdef, self._ref_params, arrays)
+            self.state, metrics = train_step_lib.jit_train_step(self.state, arrays)
+        return {k: float(v) for k, v in jax.device_get(metrics).items()}
+
+    def logprobs(self, batch: Mapping[str, Any]) -> np.ndarray:
+        """[B, T] float32 log-probabilities of the batch's tokens under the current parameters (0 at position 0)."""
+        ids = np.asarray(batch["input_ids"])
+        model_lib.check_inputs(self.model_config, ids, batch["attention_mask"], batch.get("pixel_values"),
+                               batch.get("image_grid_thw"))
+        _check_rows(ids.shape[0], 1, self.mesh)
+        keys = ("input_ids", "attention_mask", "pixel_values", "image_grid_thw")
+        arrays = self._place_batch({k: batch[k] for k in keys if batch.get(k) is not None})
+        with self._mesh_context():
+            return np.asarray(jax.device_get(_jit_logprobs(self.state.graphdef, self.state.params, arrays)))
+
+    # ----- weights out -----------------------------------------------------------------------------------------------
+
+    def params_model(self, config: model_config_lib.Qwen3VLConfig | None = None, *,
+                     mesh: jax.sharding.Mesh | None = None) -> model_lib.Qwen3VL:
+        """A `Qwen3VL` holding a copy of the current parameters (safe to keep across later steps).
+
+        Args:
+            config: the runtime the model should have, e.g. a sampler's config (`sharding_rules="sample"`, no
+                remat); None = the learner's model config. Its architecture must match.
+            mesh: where to place it; None = the learner's mesh.
+        """
+        return place_model(self.state.model(), config or self.model_config, self.mesh if mesh is None else mesh)
+
+    # ----- checkpoints -----------------------------------------------------------------------------------------------
+
+    def _manager(self) -> checkpoint_lib.CheckpointManager:
+        if self.checkpoints is None:
+            raise ValueError("this Learner has no checkpoint_dir; pass checkpoint_dir= to save or restore")
+        return self.checkpoints
+
+    def _items(self) -> dict[str, Any]:
+        return {"params": self.state.params,
+                "optimizer": {"step": self.state.step, "opt_state": self.state.opt_state}}
+
+    def save(self, *, data_state: Mapping[str, Any] | None = None, force: bool = False) -> bool:
+        """Starts an async checkpoint of the current state as step `step_count`, with the data iterator's state.
+
+        Returns:
+            Whether a save was started (the manager's save interval may skip a step unless `force`).
+        """
+        return self._manager().save(self.step_count, self._items(), data_state=data_state,
+                                    model_config=self.model_config, force=force)
+
+    def restore(self, step: int | None = None) -> dict | None:
+        """Loads checkpoint `step` (default: the latest) into the state, each array in its current sharding.
+
+        Returns:
+            The data iterator's state saved with it (None when none was saved).
+
+        Raises:
+            FileNotFoundError: no checkpoint directory, no checkpoint, or no such step (naming the path).
+            ValueError: a checkpoint of another model or optimiser layout (naming the key).
+        """
+        target = {name: checkpoint_lib.abstract_like(tree) for name, tree in self._items().items()}
+        restored, data_state = self._manager().restore(target, step=step)
+        optimizer = restored["optimizer"]
+        self.state = self.state.replace(step=optimizer["step"], params=restored["params"],
+                                        opt_state=optimizer["opt_state"])
+        return data_state
+
+    def close(self) -> None:
+        """Waits for pending checkpoint writes."""
+        if self.checkpoints is not None:
+            self.checkpoints.close()
+
+
+def _logprobs(graphdef: nnx.GraphDef, params: nnx.State, batch: Mapping[str, jax.Array]) -> jax.Array:
+    model = nnx.merge(graphdef, params)
+    return loss_lib.sequence_logprobs(model, batch["input_ids"], attention_mask=batch["attention_mask"],
+                                      pixel_values=batch.get("pixel_values"),
+                                      image_grid_thw=batch.get("image_grid_thw"))
+
+
+_jit_logprobs = jax.jit(_logprobs, static_argnums=0)
