@@ -1,9 +1,20 @@
-"""Reinforcement learning for the policy.
+"""Reinforcement learning and supervised fine-tuning of the policy.
 
+Modules:
 - `grpo`: GRPO math as pure functions of arrays: `group_advantages` (group-normalised rewards) and `policy_loss`
-  (clipped policy-gradient loss with dual clip, k3 KL, truncated importance weights, and its diagnostics).
+  (clipped policy-gradient loss with dual clip, k3 KL, truncated importance weights, and its diagnostics);
+- `objectives`: the "sft" and "grpo" objectives on the fused LM head, per microbatch;
+- `train_step`: `TrainState` and the pure, jitted `train_step(state, batch) -> (state, metrics)`;
+- `optim`: global-norm clipping and AdamW with a warmup + decay schedule;
+- `learner_config`: `LearnerConfig`, the learner's settings;
+- `learner`: `Learner`, the stateful shell that owns the mesh, the state and the checkpoints;
+- `weights`: numbered HF checkpoints published for actors, and loading the newest;
+- `metrics`: JSONL + TensorBoard metrics, PNG curves, staleness numbers.
+
+`grpo` is imported here; the others are listed in `__all__` and imported by whoever uses them, so an actor that
+only reads published weights does not load the learner.
 """
 
 from ranger_jax.rl import grpo
 
-__all__ = ["grpo"]
+__all__ = ["grpo", "learner", "learner_config", "metrics", "objectives", "optim", "train_step", "weights"]
