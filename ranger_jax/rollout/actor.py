@@ -16,7 +16,7 @@ publishes to `--weights-dir` between rounds, until `--max-rounds`, the stop file
 SIGTERM, appending one line of metrics per round to `--metrics`:
 
     python -m ranger_jax.rollout.actor --env envs/savanna_sim.toml --world /data/world --policy jax \\
-        --weights-dir /shared/run1/weights --out /shared/run1/shards --prefix actor0 --metrics /shared/run1/a0.jsonl
+        --weights-dir /data/run1/weights --out /data/run1/shards --prefix actor0 --metrics /data/run1/a0.jsonl
 """
 
 from __future__ import annotations

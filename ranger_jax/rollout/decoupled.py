@@ -1,8 +1,8 @@
 """The actor as a decoupled process: rounds of GRPO groups, new weights between rounds, shards all along.
 
-    rounds = decoupled.RoundsConfig(weights_dir="/shared/run1/weights", stop_file="/shared/run1/weights/STOP",
-                                    metrics_path="/shared/run1/actor0.jsonl")
-    summary = await decoupled.arun_rounds(tool_env, policy, tasks, renderer=renderer, out_dir="/shared/run1/shards",
+    rounds = decoupled.RoundsConfig(weights_dir="/data/run1/weights", stop_file="/data/run1/weights/STOP",
+                                    metrics_path="/data/run1/actor0.jsonl")
+    summary = await decoupled.arun_rounds(tool_env, policy, tasks, renderer=renderer, out_dir="/data/run1/shards",
                                           config=runner.RolloutConfig(group_size=6), rounds=rounds, prefix="actor0")
 
 (the actor CLI runs it with `--weights-dir`, `--max-rounds`, `--stop-file`, `--metrics`).
