@@ -47,6 +47,7 @@ class EnvConfig:
 
     tools: tuple[str, ...] = tools.TOOL_NAMES  # enabled tools, canonical names
     prompt_style: str = "full"  # system prompt: "full" (rules + JSON tool schemas) or "compact" (small policies)
+    show_links: bool = True  # URLs in search results; without web_fetch they are only noise to a small policy
     max_turns: int = 9  # policy turns before the forced final-answer turn
     final_answer_turn: bool = True  # after max_turns, one "FINAL STEP" turn (else the episode ends: max_turns)
     max_tool_calls: int = 8  # executed tool calls per episode; then the next turn is the final one

@@ -76,22 +76,23 @@ def _failure_text(err: Exception, what: str) -> str:
     return f"{type(err).__name__}: {err}"
 
 
-def _format_text_hits(query: str, hits: list[base.TextHit]) -> str:
+def _format_text_hits(query: str, hits: list[base.TextHit], *, links: bool = True) -> str:
     lines = [f"--- search result for [{query}] ---"]
     if not hits:
         lines.append("No results. Try fewer or different words.")
     for i, hit in enumerate(hits, 1):
         date = f" ({hit.date})" if hit.date else ""
-        lines.append(f"{i}. [{hit.title}]({hit.url}){date}\n{hit.snippet}".rstrip())
+        head = f"[{hit.title}]({hit.url})" if links else hit.title
+        lines.append(f"{i}. {head}{date}\n{hit.snippet}".rstrip())
     lines.append("--- end of search result ---")
     return "\n".join(lines)
 
 
-def _format_image(record: core.ImageRecord) -> str:
+def _format_image(record: core.ImageRecord, *, links: bool = True) -> str:
     lines = [f"{record.img_id}: title: {record.title or '(none)'}"]
-    if record.url:
+    if record.url and links:
         lines.append(f"url: {record.url}")
-    if record.page_url:
+    if record.page_url and links:
         lines.append(f"page_url: {record.page_url}")
     lines.append(f"size: {record.width}x{record.height}")
     return "\n".join(lines)
@@ -146,7 +147,7 @@ class ToolRunner:
             failure = _failure_text(err, f"text_search {query!r}")
             return f"--- search result for [{query}] ---\nSearch failed: {failure}\n--- end of search result ---", \
                 type(err).__name__
-        return _format_text_hits(query, list(hits)[: call.top_k]), None
+        return _format_text_hits(query, list(hits)[: call.top_k], links=self.config.show_links), None
 
     async def _text_search(self, call: tools.TextSearch) -> ToolResult:
         outs = await asyncio.gather(*(self._one_text_search(q, call) for q in call.queries))
@@ -199,7 +200,7 @@ class ToolRunner:
         if not shown:
             lines.append("No usable images found. Try a different query of at most 3 words." if not failures else
                          f"Found {len(failures)} images but none could be used.")
-        lines.extend(_format_image(r) for r in shown)
+        lines.extend(_format_image(r, links=self.config.show_links) for r in shown)
         if failures:
             lines.append(f"({len(failures)} result(s) skipped: " + "; ".join(failures[:3]) + ")")
         lines.append(footer)

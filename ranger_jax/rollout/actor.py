@@ -299,11 +299,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--min-pixels", type=int, default=sequence.QWEN3_VL_MIN_PIXELS)
     p.add_argument("--max-pixels", type=int, default=sequence.GEN_SEARCHER_MAX_PIXELS)
     p.add_argument("--no-images", action="store_true", help="sim rewards: skip the compositor image")
+    p.add_argument("--blank-observations", action="store_true",
+                   help="control runs: the policy sees every observation blank (the env runs as usual)")
     p.add_argument("--summary", help="write the run summary JSON here")
     rounds = p.add_argument_group("decoupled actor (rounds until stopped)")
     rounds.add_argument("--weights-dir", help="follow the weights versions published here (jax policy); without "
                                               "--checkpoint, wait for the first one")
     rounds.add_argument("--max-rounds", type=int, help="stop after this many rounds over the tasks")
+    rounds.add_argument("--tasks-per-round", type=int,
+                        help="tasks per round, from an endless shuffled stream of the tasks (default: all)")
     rounds.add_argument("--stop-file", help="stop once this file exists (default: <weights-dir>/STOP)")
     rounds.add_argument("--metrics", help="append one JSON line of actor metrics per round to this file")
     rounds.add_argument("--poll-s", type=float, default=decoupled.DEFAULT_POLL_S,
@@ -343,7 +347,8 @@ def main(argv: Sequence[str] | None = None) -> ActorSummary | decoupled.RoundsSu
         group_size=args.group_size, concurrency=args.concurrency, seed=args.seed, run_id=args.run_id,
         episode=episode_lib.EpisodeConfig(
             max_new_tokens=args.max_new_tokens, max_context_tokens=args.max_context_tokens, vision=vision,
-            sampling=policy_lib.SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)))
+            sampling=policy_lib.SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k),
+            blank_observations=args.blank_observations))
     renderer = chat_lib.ChatRenderer(tokenizer, merge_size=vision.merge_size)
     with env_lib.make(args.env, **({"world": args.world} if args.world else {})) as tool_env:
         policy = build_policy(args.policy, PolicyOptions(
@@ -366,7 +371,8 @@ def main(argv: Sequence[str] | None = None) -> ActorSummary | decoupled.RoundsSu
                         tool_env, policy, tasks, renderer=renderer, out_dir=args.out, config=config, scorer=scorer,
                         rounds=decoupled.RoundsConfig(max_rounds=args.max_rounds, stop_file=stop_file,
                                                       weights_dir=args.weights_dir, metrics_path=args.metrics,
-                                                      poll_s=args.poll_s),
+                                                      poll_s=args.poll_s,
+                                                      tasks_per_round=args.tasks_per_round),
                         stop=stop, prefix=args.prefix, records_per_shard=args.records_per_shard,
                         progress=not args.quiet)
                 finally:

@@ -66,11 +66,17 @@ class RoundsConfig:
     weights_dir: str | None = None  # follow the versions published here (needs a policy with update_weights)
     metrics_path: str | None = None  # one JSONL line per round is appended here
     poll_s: float = DEFAULT_POLL_S
+    tasks_per_round: int | None = None  # tasks of one round, taken from an endless shuffled stream; None = all
 
     def __post_init__(self):
         if self.max_rounds is not None and (isinstance(self.max_rounds, bool) or not isinstance(self.max_rounds, int)
                                             or self.max_rounds < 1):
             raise ValueError(f"RoundsConfig.max_rounds must be a positive int or None; got {self.max_rounds!r}")
+        if self.tasks_per_round is not None and (isinstance(self.tasks_per_round, bool)
+                                                 or not isinstance(self.tasks_per_round, int)
+                                                 or self.tasks_per_round < 1):
+            raise ValueError(f"RoundsConfig.tasks_per_round must be a positive int or None; "
+                             f"got {self.tasks_per_round!r}")
         if not self.poll_s > 0:
             raise ValueError(f"RoundsConfig.poll_s must be > 0; got {self.poll_s!r}")
 
@@ -110,10 +116,19 @@ def next_round(out_dir: str | os.PathLike, prefix: str) -> int:
     return max(rounds) + 1 if rounds else 0
 
 
-def round_tasks(tasks: Sequence[core.Task], seed: int, round_index: int) -> list[core.Task]:
-    """The tasks of one round in a shuffled order that depends only on (seed, round)."""
-    order = np.random.default_rng([seed, round_index]).permutation(len(tasks))
-    return [tasks[i] for i in order]
+def round_tasks(tasks: Sequence[core.Task], seed: int, round_index: int, per_round: int | None = None
+                ) -> list[core.Task]:
+    """The tasks of one round: all of them in an order that depends only on (seed, round), or with `per_round`
+    the round's slice of an endless stream of shuffled passes (pass e shuffled by (seed, e)), so short rounds
+    (frequent weight reloads) still visit every task equally often."""
+    if per_round is None:
+        order = np.random.default_rng([seed, round_index]).permutation(len(tasks))
+        return [tasks[i] for i in order]
+    out = []
+    for k in range(round_index * per_round, (round_index + 1) * per_round):
+        epoch, position = divmod(k, len(tasks))
+        out.append(tasks[int(np.random.default_rng([seed, epoch]).permutation(len(tasks))[position])])
+    return out
 
 
 def round_config(config: runner.RolloutConfig, round_index: int) -> runner.RolloutConfig:
@@ -253,7 +268,7 @@ async def arun_rounds(tool_env: env_lib.ToolEnv, policy: policy_lib.Policy, task
             groups: list[runner.Group] = []
             with shards.RollingShardWriter(out_dir, prefix=round_prefix(prefix, round_index),
                                            records_per_shard=records_per_shard) as writer:
-                await _run_round(tool_env, policy, round_tasks(tasks, config.seed, round_index), renderer=renderer,
+                await _run_round(tool_env, policy, round_tasks(tasks, config.seed, round_index, rounds.tasks_per_round), renderer=renderer,
                                  config=round_config(config, round_index), scorer=scorer, writer=writer,
                                  groups=groups, stop=stop, bar=bar)
             row = round_metrics(round_index, version, groups, wall_s=time.monotonic() - round_started,

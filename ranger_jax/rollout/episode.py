@@ -49,6 +49,10 @@ class EpisodeConfig:
     max_context_tokens: int = GEN_SEARCHER_MAX_CONTEXT  # whole sequence, image placeholders included
     sampling: policy_lib.SamplingParams = policy_lib.SamplingParams()
     vision: sequence.VisionSettings = sequence.VisionSettings()
+    # A control for learning experiments: the policy's tokens show every observation as BLANK_OBSERVATION (no
+    # text, no images) while the environment (and a scripted teacher reading its state) runs as usual. A policy
+    # that still scores well when blind is memorising tasks, not searching.
+    blank_observations: bool = False
 
     def __post_init__(self):
         for name in ("max_new_tokens", "max_context_tokens"):
@@ -248,9 +252,14 @@ async def _loop(env: tool_env.ToolEnv, policy: policy_lib.Policy, ep: _Episode, 
     return env.terminate(state, core.ERROR)
 
 
+BLANK_OBSERVATION = "<tool_response>\n</tool_response>"
+
+
 def _observation_segment(ep: _Episode, state: tool_env.EnvState, observation: core.Observation
                          ) -> tuple[tuple[sequence.PreparedImage, ...], chat.Rendered]:
     """The observation's images prepared (through the run's cache) and its user turn rendered around them."""
+    if ep.config.blank_observations:
+        return (), ep.renderer.render_user(BLANK_OBSERVATION)
     prepared = tuple(ep.cache.images.prepare(lambda o=o: o.image, ep.config.vision,  # decoded only on a miss
                                              key=state.images[o.img_id].sha256, img_id=o.img_id,
                                              parent_id=state.images[o.img_id].parent_id)

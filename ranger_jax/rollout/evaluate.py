@@ -23,6 +23,7 @@ from typing import Any
 import tqdm
 
 from ranger_jax import env as env_lib
+from ranger_jax.data import shards
 from ranger_jax.env import core, tool_env
 from ranger_jax.env.sim import savanna, world as world_lib
 from ranger_jax.processing import chat as chat_lib
@@ -54,10 +55,13 @@ class _RowScorer:
 
 async def _arun(tool_env: tool_env.ToolEnv, policy: policy_lib.Policy, tasks: list[core.Task], *,
                 renderer: chat_lib.ChatRenderer, config: runner.RolloutConfig, scorer: _RowScorer,
-                progress: bool) -> None:
+                progress: bool, writer: shards.ShardWriter | None = None) -> None:
     bar = tqdm.tqdm(total=len(tasks), desc=f"savanna-sim {policy.name}", unit="task", disable=not progress)
     with bar:
-        async for _ in runner.agroups(tool_env, policy, tasks, renderer=renderer, config=config, scorer=scorer):
+        async for group in runner.agroups(tool_env, policy, tasks, renderer=renderer, config=config, scorer=scorer):
+            if writer is not None:
+                for trajectory in group.trajectories:
+                    writer.write(trajectory)
             bar.update(1)
             passed = sum(e.judgement.search_pass for e in scorer.rows.values())
             bar.set_postfix(search=f"{passed / len(scorer.rows):.3f}")
@@ -66,6 +70,7 @@ async def _arun(tool_env: tool_env.ToolEnv, policy: policy_lib.Policy, tasks: li
 def evaluate_checkpoint(world_dir: str | os.PathLike, checkpoint: str | os.PathLike, *, env_name: str | None = None,
                         limit: int | None = None, concurrency: int = DEFAULT_CONCURRENCY,
                         max_new_tokens: int | None = None, max_context_tokens: int | None = None,
+                        blank_observations: bool = False, trajectories_out: str | os.PathLike | None = None,
                         progress: bool = False, **env_options: Any) -> dict[str, Any]:
     """Runs a checkpoint greedily on the world's tasks (see the module docstring); returns the summary and rows.
 
@@ -78,6 +83,9 @@ def evaluate_checkpoint(world_dir: str | os.PathLike, checkpoint: str | os.PathL
         concurrency: episodes in flight (rows of the sampler's KV cache).
         max_new_tokens / max_context_tokens: token budgets per turn / per episode (default: the checkpoint's
             recorded ones, else the rollout defaults).
+        blank_observations: the policy sees every observation blank (evaluating a blind control policy as it
+            was trained; `episode.EpisodeConfig.blank_observations`).
+        trajectories_out: also write every episode as a trajectory shard here (e.g. for `data.viewer`).
         progress: show a tqdm bar with the running search score.
         **env_options: passed to `env.make`, over everything else.
 
@@ -104,15 +112,25 @@ def evaluate_checkpoint(world_dir: str | os.PathLike, checkpoint: str | os.PathL
     budgets.update({k: v for k, v in (("max_new_tokens", max_new_tokens),
                                       ("max_context_tokens", max_context_tokens)) if v is not None})
     config = runner.RolloutConfig(group_size=1, concurrency=concurrency, seed=0, run_id="eval",
-                                  episode=episode_lib.EpisodeConfig(sampling=GREEDY, vision=vision, **budgets))
+                                  episode=episode_lib.EpisodeConfig(sampling=GREEDY, vision=vision,
+                                                                    blank_observations=blank_observations,
+                                                                    **budgets))
     sampler = sampling.Sampler(model, suppress_token_ids=sorted(tokenizer.vision_ids))
     policy = sampler_policy.SamplerPolicy(sampler, num_rows=concurrency, name=f"jax:{Path(checkpoint).name}")
     renderer = chat_lib.ChatRenderer(tokenizer, merge_size=vision.merge_size)
     options = env_options if env_name is not None else {**trained.env, **trained.rewards, **env_options}
     scorer = _RowScorer()
     with env_lib.make(env_name or "offline", world=str(world_dir), **options) as tool_env:
-        asyncio.run(_arun(tool_env, policy, tasks, renderer=renderer, config=config, scorer=scorer,
-                          progress=progress))
+        writer = shards.ShardWriter(trajectories_out, overwrite=True) if trajectories_out is not None else None
+        try:
+            asyncio.run(_arun(tool_env, policy, tasks, renderer=renderer, config=config, scorer=scorer,
+                              progress=progress, writer=writer))
+        except BaseException:
+            if writer is not None:
+                writer.abort()
+            raise
+        if writer is not None:
+            writer.close()
         settings = {"env": {"tools": list(tool_env.config.tools), "prompt_style": tool_env.config.prompt_style,
                             "max_turns": tool_env.config.max_turns,
                             "max_answer_refs": tool_env.config.max_answer_refs},

@@ -23,6 +23,9 @@ from ranger_jax.env.sim import agents, bm25
 MAX_FETCHES = 3
 MAX_IMAGE_SEARCHES = 2
 MAX_FINDS = 2
+# A text search hit, with or without its link: "3. [title](url) (date)\nsnippet" or "3. title (date)\nsnippet".
+_HIT = re.compile(r"^\d+\. (?:\[(?P<title>[^\]]*)\]\([^)\s]+\)|(?P<bare>.*?))(?: \((?P<date>\d{4}-\d{2}-\d{2})\))?"
+                  r"\n(?P<snippet>(?!\d+\. |--- ).*)$", re.MULTILINE)
 _BEST_MATCH = re.compile(r"Best match in (IMG_\d+).*?(IMG_\d+): crop of", re.DOTALL)
 # How the world's prose words a look (see `env.sim.pages.describe`), e.g. "comes in green with orange dots",
 # "a lime body covered in maroon chevrons", "maroon chevrons against a lime ground".
@@ -127,7 +130,13 @@ class SnippetAgent:
     The look is copied from the snippet that shares most words with the request, then names the highest edition
     number, then is the newest. About 0.6-0.7 search score on fresh worlds (the page-reading `FinderAgent`
     reaches about 0.9 with one more call and a page to read).
+
+    Args:
+        top_k: results per text search.
     """
+
+    def __init__(self, *, top_k: int = 5):
+        self.top_k = top_k
 
     def act(self, state: Any) -> str:
         """The next assistant turn for `state`."""
@@ -139,7 +148,7 @@ class SnippetAgent:
         if state.final_turn:
             return self._answer(state, turns, prompt, subject)
         if tools.TEXT_SEARCH not in done:
-            args: dict[str, Any] = {"queries": [subject], "top_k": 8}
+            args: dict[str, Any] = {"queries": [subject], "top_k": self.top_k}
             if recent:
                 args["time_range"] = "month"
             return _bare_call(tools.TEXT_SEARCH, args)
@@ -157,7 +166,9 @@ class SnippetAgent:
         """The look phrase of the best snippet (the subject itself when no snippet describes a look)."""
         words = set(bm25.tokenize(subject))
         best = None
-        for hit in agents.ExpertAgent._hits(turns):
+        hits = [{"title": m["title"] or m["bare"], "date": m["date"] or "", "snippet": m["snippet"]}
+                for t in turns if t.name == tools.TEXT_SEARCH for m in _HIT.finditer(t.response)]
+        for hit in hits:
             match = _LOOK.search(hit["snippet"])
             if match is None:
                 continue

@@ -1,0 +1,254 @@
+"""GRPO with decoupled actors: the learner side.
+
+Actors are separate processes (`python -m ranger_jax.rollout.actor --weights-dir W --tasks-per-round R …`)
+that sample GRPO groups with the latest published weights and write one shard set per round. This loop:
+
+1. publishes the learner's weights as version 0 (`rl.weights.publish`, an HF checkpoint actors hot-reload);
+2. optionally starts the actor processes itself (`actor_commands`), with their output in log files;
+3. per step, streams the oldest unread round of shards through the Grain pipeline (`data.pipeline`: exact tokens
+   and pixels, group advantages over valid members, trajectories older than `max_staleness` versions dropped),
+   takes one GRPO update, publishes the new version, and records metrics: loss and GRPO metrics, reward, the share
+   of groups with zero reward variance, the staleness histogram, episodes/s and the learner's idle fraction (time
+   spent waiting for actors);
+4. writes the stop file and waits for the actors to finish their round.
+
+A round is the learner's unit of data: an actor with `--tasks-per-round R` and group size G writes R·G
+trajectories per round, and one step trains on one round (the batch spec's batch size should be R·G).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import logging
+import os
+import re
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tqdm
+
+from ranger_jax.data import batching, filters, pipeline, shards
+from ranger_jax.rl import learner as learner_lib
+from ranger_jax.rl import metrics as metrics_lib
+from ranger_jax.rl import weights
+from ranger_jax.rollout import sequence
+
+log = logging.getLogger(__name__)
+
+_ROUND = re.compile(r"-r(\d{5,})-\d+\.array_record$")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GrpoLoopConfig:
+    """How long the loop runs and what it accepts."""
+
+    num_steps: int  # learner updates
+    max_staleness: int = 2  # k: trajectories sampled more than k versions ago are dropped
+    poll_s: float = 0.1  # how often the shard folder is listed while waiting
+    data_timeout_s: float = 600.0  # waiting this long for a round is an error (actors dead or stuck)
+    publish_keep: int = 3  # weight versions kept on disk
+    stop_timeout_s: float = 120.0  # how long actors get to finish their round once stopped
+
+    def __post_init__(self):
+        if self.num_steps < 1:
+            raise ValueError(f"GrpoLoopConfig.num_steps must be >= 1; got {self.num_steps}")
+        if self.max_staleness < 0:
+            raise ValueError(f"GrpoLoopConfig.max_staleness must be >= 0; got {self.max_staleness}")
+
+
+@dataclasses.dataclass(frozen=True)
+class GrpoResult:
+    """What a GRPO run did."""
+
+    num_steps: int
+    final_version: int
+    wall_s: float
+    idle_fraction: float  # share of the learner's wall time spent waiting for actors
+    episodes: int
+    episodes_per_s: float
+    staleness: dict[int, int]
+    dropped: dict[str, Any]
+
+
+class RoundReader:
+    """Finds complete rounds of actor shards in a folder, oldest first, each returned once.
+
+    Actors append one line per finished round to their metrics file (`--metrics`, a line with "round" and
+    "shards"); a round counts as complete once its line is there, whatever the number of shards it wrote. Without
+    metrics files, a round is complete once the same actor has a shard of a later round.
+
+    Args:
+        folder: the shard folder the actors write to.
+        metrics_files: actor shard prefix -> that actor's metrics JSONL.
+    """
+
+    def __init__(self, folder: str | os.PathLike, metrics_files: dict[str, str | os.PathLike] | None = None):
+        self.folder = Path(folder)
+        self.metrics_files = {k: Path(v) for k, v in (metrics_files or {}).items()}
+        self.done: set[tuple[str, int]] = set()
+
+    def _rounds(self) -> dict[tuple[str, int], list[Path]]:
+        found: dict[tuple[str, int], list[Path]] = collections.defaultdict(list)
+        if not self.folder.exists():
+            return found
+        for path in shards.list_shards(self.folder):
+            match = _ROUND.search(path.name)
+            if match is not None:
+                found[(path.name[:match.start()], int(match.group(1)))].append(path)
+        return found
+
+    def _finished(self, prefix: str) -> set[int] | None:
+        path = self.metrics_files.get(prefix)
+        if path is None:
+            return None
+        if not path.exists():
+            return set()
+        done = set()
+        for line in path.read_text("utf-8").splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue  # a line being written
+            if isinstance(row, dict) and isinstance(row.get("round"), int):
+                done.add(row["round"])
+        return done
+
+    def next_round(self) -> list[Path] | None:
+        """The shards of the oldest complete unread round, or None."""
+        rounds = self._rounds()
+        latest: dict[str, int] = {}
+        for prefix, number in rounds:
+            latest[prefix] = max(latest.get(prefix, -1), number)
+        finished = {prefix: self._finished(prefix) for prefix in latest}
+        ready = []
+        for key in rounds:
+            prefix, number = key
+            done = finished[prefix]
+            if key not in self.done and (number in done if done is not None else number < latest[prefix]):
+                ready.append(key)
+        if not ready:
+            return None
+        key = min(ready, key=lambda k: (k[1], k[0]))
+        self.done.add(key)
+        return sorted(rounds[key])
+
+
+def start_actors(commands: Sequence[Sequence[str]], log_dir: str | os.PathLike,
+                 env: dict[str, str] | None = None) -> list[subprocess.Popen]:
+    """Starts each actor command as a process, its stdout and stderr in `log_dir/actor-<i>.log`."""
+    Path(log_dir).mkdir(parents=True, exist_ok=True)
+    procs = []
+    for i, command in enumerate(commands):
+        handle = open(Path(log_dir) / f"actor-{i}.log", "ab")  # noqa: SIM115 — owned by the process below
+        procs.append(subprocess.Popen(list(command), stdout=handle, stderr=subprocess.STDOUT,
+                                      env={**os.environ, **(env or {})}))
+        handle.close()
+    return procs
+
+
+def stop_actors(procs: Sequence[subprocess.Popen], stop_file: str | os.PathLike, timeout_s: float) -> list[int]:
+    """Writes the stop file, waits for each actor, terminates those past `timeout_s`; returns their exit codes."""
+    Path(stop_file).parent.mkdir(parents=True, exist_ok=True)
+    Path(stop_file).touch()
+    deadline = time.monotonic() + timeout_s
+    codes = []
+    for proc in procs:
+        try:
+            codes.append(proc.wait(timeout=max(0.0, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            proc.terminate()
+            codes.append(proc.wait(timeout=30))
+    return codes
+
+
+def _check_actors(procs: Sequence[subprocess.Popen], log_dir: Path) -> None:
+    for i, proc in enumerate(procs):
+        code = proc.poll()
+        if code not in (None, 0):
+            tail = (log_dir / f"actor-{i}.log").read_text("utf-8", "replace")[-2000:]
+            raise RuntimeError(f"actor {i} exited with code {code}; the end of {log_dir / f'actor-{i}.log'}:\n{tail}")
+
+
+def run(learner: learner_lib.Learner, *, shards_dir: str | os.PathLike, weights_dir: str | os.PathLike,
+        spec: batching.BatchSpec, config: GrpoLoopConfig, vision: sequence.VisionSettings = sequence.VisionSettings(),
+        filter_config: filters.FilterConfig = filters.FilterConfig(), tokenizer_dir: str | os.PathLike | None = None,
+        actor_commands: Sequence[Sequence[str]] = (), actor_metrics: dict[str, str | os.PathLike] | None = None,
+        metrics: metrics_lib.MetricsWriter | None = None, progress: bool = True) -> GrpoResult:
+    """Trains `learner` (objective "grpo") for `config.num_steps` rounds of actor data (see the module docstring).
+
+    `actor_metrics` maps each actor's shard prefix to its `--metrics` file (how complete rounds are recognised).
+
+    Raises:
+        ValueError: a learner whose objective is not "grpo".
+        RuntimeError: an actor process died, or no round arrived within `config.data_timeout_s`.
+    """
+    if learner.config.objective != "grpo":
+        raise ValueError(f"grpo_loop.run needs a learner with objective 'grpo'; got {learner.config.objective!r}")
+    weights_dir, shards_dir = Path(weights_dir), Path(shards_dir)
+    stop_file = weights_dir / "STOP"
+    stop_file.unlink(missing_ok=True)  # a leftover stop file would end new actors at once
+    version = learner.step_count
+    weights.publish(learner.params_model(), weights_dir, version, tokenizer_dir=tokenizer_dir,
+                    keep=config.publish_keep)
+    log_dir = weights_dir.parent / "actor_logs"
+    procs = start_actors(actor_commands, log_dir)
+    reader = RoundReader(shards_dir, actor_metrics)
+    stats = filters.FilterStats()
+    staleness: collections.Counter[int] = collections.Counter()
+    started, idle, episodes = time.monotonic(), 0.0, 0
+    current = {"version": version}
+    rules = dataclasses.replace(filter_config, max_staleness=config.max_staleness,
+                                current_version=lambda: current["version"])
+    bar = tqdm.tqdm(total=config.num_steps, desc="grpo", unit="step", disable=not progress)
+    try:
+        for _ in range(config.num_steps):
+            waited = time.monotonic()
+            while (paths := reader.next_round()) is None:
+                _check_actors(procs, log_dir)
+                if time.monotonic() - waited > config.data_timeout_s:
+                    raise RuntimeError(f"no complete round of shards in {shards_dir} after {config.data_timeout_s:.0f} s")
+                time.sleep(config.poll_s)
+            idle += time.monotonic() - waited
+            source = shards.TrajectorySource(paths)
+            records = [source[i] for i in range(len(source))]
+            rewards = np.array([r.reward for r in records], np.float32)
+            versions = [r.policy_version for r in records]
+            staleness.update(metrics_lib.staleness_histogram(current["version"], versions))
+            by_group: dict[str, list[float]] = collections.defaultdict(list)
+            for r in records:
+                by_group[r.group_id].append(r.reward)
+            zero_var = float(np.mean([np.ptp(v) < 1e-6 for v in by_group.values()])) if by_group else 0.0
+            dataset = pipeline.trajectory_dataset(source, spec=spec, vision=vision, config=rules, stats=stats,
+                                                  grpo_groups=True, num_epochs=1)
+            step_metrics: dict[str, float] = {}
+            for batch in dataset:
+                step_metrics = learner.step(batch)
+            episodes += len(records)
+            current["version"] = learner.step_count
+            weights.publish(learner.params_model(), weights_dir, current["version"], tokenizer_dir=tokenizer_dir,
+                            keep=config.publish_keep)
+            elapsed = time.monotonic() - started
+            row = {**{f"grpo/{k}": v for k, v in step_metrics.items()}, "grpo/reward_mean": float(rewards.mean()),
+                   "grpo/zero_variance_share": zero_var, "grpo/episodes_per_s": episodes / elapsed,
+                   "grpo/idle_fraction": idle / elapsed, "grpo/version": current["version"],
+                   "grpo/mean_staleness": float(np.mean([current["version"] - 1 - v for v in versions]))}
+            if metrics is not None:
+                metrics.write(current["version"], row)
+            bar.update(1)
+            bar.set_postfix(reward=f"{rewards.mean():.3f}", idle=f"{idle / elapsed:.2f}")
+    finally:
+        bar.close()
+        codes = stop_actors(procs, stop_file, config.stop_timeout_s)
+        if any(code != 0 for code in codes):
+            log.warning("actors exited with codes %s (logs in %s)", codes, log_dir)
+    wall = time.monotonic() - started
+    return GrpoResult(num_steps=config.num_steps, final_version=current["version"], wall_s=wall,
+                      idle_fraction=idle / wall if wall > 0 else 0.0, episodes=episodes,
+                      episodes_per_s=episodes / wall if wall > 0 else 0.0,
+                      staleness=dict(sorted(staleness.items())), dropped=stats.as_dict())

@@ -1,0 +1,372 @@
+"""The `sim-tiny` main job: the whole method on a CPU, from nothing to a policy that searches better than it did.
+
+Stages (each with a progress bar), all under one output folder:
+
+1. **Worlds.** Offline worlds from seeds derived from `seed`: several for SFT data, one for GRPO, and one held out
+   for evaluation (a seed no training world uses: worlds draw their entity families first, so a smaller world of
+   a training seed would share targets with it).
+2. **Teacher data.** A scripted teacher that perceives only through tools (`env.sim.finder_agent.SnippetAgent`)
+   plays the SFT worlds; its texts train the policy's compact tokenizer, then its episodes are recorded
+   token-exactly as trajectory shards.
+3. **SFT.** A small Qwen3-VL-shaped policy (`rl.tiny_policy`) is trained from scratch on the teacher's turns.
+4. **GRPO.** A decoupled actor process samples groups on the GRPO world with the latest published weights; the
+   learner streams its shards and publishes new weights every step (`rl.grpo_loop`).
+5. **Evaluation.** Naive, teacher, oracle expert, SFT and GRPO policies on the held-out world with the env's one
+   reward (`ToolEnv.score`); policies run greedy through the JAX sampler.
+
+Outputs: `summary.json`, `policy/` (the final policy: HF checkpoint, tokenizer and its env settings),
+`curves.png`, `viewer.html` (held-out GRPO trajectories), `metrics/` (JSONL + TensorBoard), and the intermediate
+data. With `blind=True` every observation the policy sees is blank (the control run): the teacher still plays
+the real episodes, but the trajectories' tokens hide what the tools returned.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import tqdm
+
+from ranger_jax import env as env_lib
+from ranger_jax.data import batching, pipeline, shards
+from ranger_jax.env.sim import agents, build, world
+from ranger_jax.env.sim.finder_agent import SnippetAgent
+from ranger_jax.processing import chat
+from ranger_jax.rl import grpo_loop, sft, tiny_policy
+from ranger_jax.rl import learner as learner_lib
+from ranger_jax.rl import learner_config
+from ranger_jax.rl import metrics as metrics_lib
+from ranger_jax.rollout import actor, episode, policy as policy_lib, runner, scoring
+
+TOOLS = ("text_search", "image_search", "find_object")
+ENV_FILE = "env.toml"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SimTinyConfig:
+    """Everything the sim-tiny run decides (defaults: about 20 minutes on 2 CPU cores)."""
+
+    seed: int = 0
+    # worlds
+    sft_worlds: int = 6
+    tasks_per_world: int = 40
+    grpo_tasks: int = 80
+    eval_tasks: int = 120
+    # environment (what the policy sees)
+    max_turns: int = 5
+    max_tool_calls: int = 4
+    text_top_k: int = 5
+    # policy
+    size: tiny_policy.TinyPolicySize = tiny_policy.TinyPolicySize(vocab_size=1024)
+    max_new_tokens: int = 160
+    # SFT
+    sft_steps: int = 300
+    sft_batch: int = 8
+    sft_learning_rate: float = 3e-3
+    # GRPO
+    grpo_steps: int = 20
+    grpo_tasks_per_step: int = 8
+    group_size: int = 8
+    grpo_learning_rate: float = 3e-4
+    temperature: float = 1.0
+    max_staleness: int = 2
+    # control
+    blind: bool = False
+    progress: bool = True
+
+    def __post_init__(self):
+        for name in ("sft_worlds", "tasks_per_world", "grpo_tasks", "eval_tasks", "sft_steps", "sft_batch",
+                     "grpo_tasks_per_step", "group_size", "max_new_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"SimTinyConfig.{name} must be a positive int; got {value!r}")
+        if self.grpo_steps < 0:
+            raise ValueError(f"SimTinyConfig.grpo_steps must be >= 0; got {self.grpo_steps}")
+        if self.group_size < 2 and self.grpo_steps:
+            raise ValueError(f"GRPO needs group_size >= 2; got {self.group_size}")
+
+    # seeds: each run seed owns [1000·seed + 1, 1000·seed + 999]; the eval seed is never a training seed
+    def sft_seeds(self) -> list[int]:
+        """World seeds of the SFT data."""
+        return [1000 * self.seed + 1 + i for i in range(self.sft_worlds)]
+
+    def grpo_seed(self) -> int:
+        """World seed of the GRPO tasks."""
+        return 1000 * self.seed + 500
+
+    def eval_seed(self) -> int:
+        """World seed of the held-out evaluation tasks."""
+        return 1000 * self.seed + 999
+
+    def env_options(self) -> dict[str, Any]:
+        """EnvConfig fields of the environment the policy acts in."""
+        return {"tools": list(TOOLS), "prompt_style": "compact", "show_links": False, "max_turns": self.max_turns,
+                "max_tool_calls": self.max_tool_calls}
+
+
+def write_env_file(config: SimTinyConfig, path: Path) -> Path:
+    """The run's environment as a TOML file (for actor processes and for the exported policy)."""
+    options = config.env_options()
+    lines = ["# Written by the sim-tiny recipe: the environment its policy was trained in.",
+             'backend = "offline"', "", "[env]"]
+    for key, value in options.items():
+        lines.append(f"{key} = {json.dumps(value)}")
+    lines += ["", "[rewards]", 'kind = "sim"', ""]
+    path.write_text("\n".join(lines), "utf-8")
+    return path
+
+
+def build_worlds(config: SimTinyConfig, root: Path) -> dict[str, Any]:
+    """Builds (or reuses) every world of the run; returns {"sft": [dirs], "grpo": dir, "eval": dir}."""
+    plan = [(f"sft-{s}", s, config.tasks_per_world) for s in config.sft_seeds()]
+    plan += [(f"grpo-{config.grpo_seed()}", config.grpo_seed(), config.grpo_tasks),
+             (f"eval-{config.eval_seed()}", config.eval_seed(), config.eval_tasks)]
+    out = {}
+    for name, seed, num_tasks in tqdm.tqdm(plan, desc="worlds", disable=not config.progress):
+        folder = root / name
+        if not (folder / world.WORLD_FILE).exists():
+            build.build_world(folder, num_tasks=num_tasks, seed=seed)
+        out[name] = folder
+    return {"sft": [out[f"sft-{s}"] for s in config.sft_seeds()], "grpo": out[f"grpo-{config.grpo_seed()}"],
+            "eval": out[f"eval-{config.eval_seed()}"]}
+
+
+def _texts(state: Any) -> list[str]:
+    out = []
+    for message in state.messages:
+        content = message["content"]
+        out.append(content if isinstance(content, str) else "".join(p.get("text", "") for p in content))
+    return out
+
+
+def teacher(config: SimTinyConfig) -> SnippetAgent:
+    """The scripted teacher of the run."""
+    return SnippetAgent(top_k=config.text_top_k)
+
+
+def train_tokenizer(config: SimTinyConfig, worlds: list[Path], out: Path) -> Any:
+    """The policy's compact tokenizer, learned from the teacher's episodes on the first two SFT worlds."""
+    texts: list[str] = []
+    for folder in worlds[:2]:
+        with env_lib.make("offline", world=str(folder), **config.env_options()) as tool_env:
+            for task in tqdm.tqdm(world.load_tasks(folder), desc="tokenizer text", disable=not config.progress):
+                texts.extend(_texts(agents.run_episode(tool_env, task, teacher(config))))
+    return tiny_policy.train_tokenizer(texts, out, vocab_size=config.size.vocab_size)
+
+
+def rollout_config(config: SimTinyConfig, *, group_size: int = 1, greedy: bool = False,
+                   seed: int = 0) -> runner.RolloutConfig:
+    """How the run's episodes are rolled out (tiny images, short turns, blank observations when blind)."""
+    sampling = policy_lib.SamplingParams(temperature=0.0 if greedy else config.temperature, top_p=1.0)
+    return runner.RolloutConfig(group_size=group_size, concurrency=16, seed=seed, episode=episode.EpisodeConfig(
+        max_new_tokens=config.max_new_tokens, max_context_tokens=4096, sampling=sampling,
+        vision=tiny_policy.VISION, blank_observations=config.blind))
+
+
+def record_teacher(config: SimTinyConfig, worlds: list[Path], tokenizer: Any, out: Path) -> dict[str, float]:
+    """The teacher's episodes on `worlds` as trajectory shards in `out`; returns its mean reward and pass rate."""
+    renderer = chat.ChatRenderer(tokenizer, merge_size=tiny_policy.VISION.merge_size)
+    rewards = []
+    for i, folder in enumerate(worlds):
+        with env_lib.make("offline", world=str(folder), **config.env_options()) as tool_env:
+            scripted = policy_lib.ScriptedPolicy(teacher(config), tokenizer, name="teacher")
+            summary = actor.run_actor(tool_env, scripted, world.load_tasks(folder), renderer=renderer, out_dir=out,
+                                      config=rollout_config(config), prefix=f"teacher-{i}",
+                                      scorer=scoring.make_scorer(tool_env, generate_images=False),
+                                      progress=config.progress)
+            rewards.append(summary.reward_mean)
+    return {"teacher_train_reward": sum(rewards) / len(rewards)}
+
+
+def batch_spec(tokenizer: Any, batch_size: int) -> batching.BatchSpec:
+    """The learner's batch shapes for the tiny policy's episodes."""
+    return batching.BatchSpec.for_tokenizer(tokenizer, batch_size=batch_size,
+                                            length_buckets=(640, 896, 1152, 1536, 2048, 3072),
+                                            vision=tiny_policy.VISION, patch_step=256, image_step=8)
+
+
+def export_policy(config: SimTinyConfig, model: Any, out: Path, tokenizer_dir: Path, env_file: Path) -> Path:
+    """Writes a complete policy folder: HF checkpoint, tokenizer, and the settings it acts with (`ranger_env.json`:
+    env, rewards, image bounds and token budgets, so `evals/savanna_sim.py` runs it exactly as trained)."""
+    from ranger_jax.models import qwen3_vl
+    from ranger_jax.rollout import trained_env
+
+    qwen3_vl.save(model, out)
+    tiny_policy.copy_tokenizer_files(tokenizer_dir, out)
+    settings = tomllib.loads(env_file.read_text("utf-8"))
+    episode_config = rollout_config(config).episode
+    trained_env.write(out, trained_env.TrainedEnv(
+        env=settings.get("env", {}), rewards=settings.get("rewards", {}),
+        image={"min_pixels": episode_config.vision.min_pixels, "max_pixels": episode_config.vision.max_pixels},
+        episode={"max_new_tokens": episode_config.max_new_tokens,
+                 "max_context_tokens": episode_config.max_context_tokens}))
+    return out
+
+
+def actor_command(config: SimTinyConfig, *, env_file: Path, grpo_world: Path, weights_dir: Path, shards_dir: Path,
+                  metrics_path: Path) -> list[str]:
+    """The decoupled actor process of the GRPO stage."""
+    vision = tiny_policy.VISION
+    command = [sys.executable, "-m", "ranger_jax.rollout.actor", "--env", str(env_file), "--world", str(grpo_world),
+               "--policy", "jax", "--weights-dir", str(weights_dir), "--out", str(shards_dir), "--prefix", "actor0",
+               "--group-size", str(config.group_size), "--tasks-per-round", str(config.grpo_tasks_per_step),
+               "--concurrency", str(config.grpo_tasks_per_step * config.group_size),
+               "--records-per-shard", str(config.grpo_tasks_per_step * config.group_size),
+               "--temperature", str(config.temperature), "--top-p", "1.0",
+               "--max-new-tokens", str(config.max_new_tokens), "--max-context-tokens", "4096",
+               "--min-pixels", str(vision.min_pixels), "--max-pixels", str(vision.max_pixels),
+               "--seed", str(config.seed), "--run-id", "grpo", "--metrics", str(metrics_path), "--no-images",
+               "--quiet"]
+    if config.blind:
+        command.append("--blank-observations")
+    return command
+
+
+def timed(timings: dict[str, float], name: str):
+    """A context manager adding the wall time of a stage to `timings[name]`."""
+    class _Timer:
+        def __enter__(self):
+            self.start = time.monotonic()
+
+        def __exit__(self, *exc):
+            timings[name] = round(timings.get(name, 0.0) + time.monotonic() - self.start, 2)
+
+    return _Timer()
+
+
+def sft_learner(config: SimTinyConfig, model: Any, checkpoint_dir: Path) -> learner_lib.Learner:
+    """The SFT learner: AdamW, warmup then cosine decay over `sft_steps`."""
+    settings = learner_config.LearnerConfig(objective="sft", learning_rate=config.sft_learning_rate,
+                                            schedule="cosine", warmup_steps=min(20, config.sft_steps // 10),
+                                            total_steps=config.sft_steps, weight_decay=0.0, max_grad_norm=1.0)
+    return learner_lib.Learner(model, settings, checkpoint_dir=checkpoint_dir, max_to_keep=1)
+
+
+def grpo_learner(config: SimTinyConfig, model: Any) -> learner_lib.Learner:
+    """The GRPO learner: constant learning rate, π_old = the learner before the update, TIS for stale samples."""
+    settings = learner_config.LearnerConfig(objective="grpo", learning_rate=config.grpo_learning_rate,
+                                            schedule="constant", max_grad_norm=1.0, old_logp="learner",
+                                            agg="seq-mean-token-mean", clip_low=0.2, clip_high=0.28, tis_cap=2.0)
+    return learner_lib.Learner(model, settings)
+
+
+def run_sft(config: SimTinyConfig, tokenizer: Any, data_dir: Path, out: Path,
+            metrics: metrics_lib.MetricsWriter) -> tuple[learner_lib.Learner, sft.SftResult]:
+    """SFT of a fresh tiny policy on the teacher's shards."""
+    model = tiny_policy.init_policy(tokenizer, config.size, seed=config.seed)
+    learner = sft_learner(config, model, out / "checkpoints" / "sft")
+    dataset = pipeline.trajectory_dataset(shards.TrajectorySource(data_dir), spec=batch_spec(tokenizer, config.sft_batch),
+                                          vision=tiny_policy.VISION, grpo_groups=False, seed=config.seed)
+    result = sft.train(learner, dataset, num_steps=config.sft_steps, metrics=metrics, resume=True,
+                       checkpoint_every=max(50, config.sft_steps // 4), progress=config.progress)
+    return learner, result
+
+
+def run_grpo(config: SimTinyConfig, model: Any, tokenizer_dir: Path, env_file: Path, grpo_world: Path, out: Path,
+             metrics: metrics_lib.MetricsWriter) -> tuple[learner_lib.Learner, grpo_loop.GrpoResult]:
+    """GRPO from the SFT policy with one decoupled actor process."""
+    from ranger_jax.processing import tokenizer as tokenizer_lib
+
+    tokenizer = tokenizer_lib.load_tokenizer(tokenizer_dir)
+    learner = grpo_learner(config, model)
+    weights_dir, shards_dir = out / "weights", out / "grpo_shards"
+    actor_metrics = out / "metrics" / "actor0.jsonl"
+    actor_metrics.parent.mkdir(parents=True, exist_ok=True)
+    command = actor_command(config, env_file=env_file, grpo_world=grpo_world, weights_dir=weights_dir,
+                            shards_dir=shards_dir, metrics_path=actor_metrics)
+    result = grpo_loop.run(
+        learner, shards_dir=shards_dir, weights_dir=weights_dir,
+        spec=batch_spec(tokenizer, config.grpo_tasks_per_step * config.group_size),
+        config=grpo_loop.GrpoLoopConfig(num_steps=config.grpo_steps, max_staleness=config.max_staleness),
+        vision=tiny_policy.VISION, tokenizer_dir=tokenizer_dir, actor_commands=[command],
+        actor_metrics={"actor0": actor_metrics}, metrics=metrics, progress=config.progress)
+    return learner, result
+
+
+
+def evaluate_scripted(config: SimTinyConfig, eval_world: Path) -> dict[str, dict[str, Any]]:
+    """Naive, teacher and oracle-expert summaries on the held-out world (the teacher in the run's env)."""
+    from ranger_jax.env.sim import savanna
+
+    out = {}
+    for name, agent, options in (("naive", "naive", {}), ("expert", "expert", {}),
+                                 ("teacher", teacher(config), config.env_options())):
+        out[name] = savanna.evaluate(eval_world, agent, progress=config.progress, **options)
+    return out
+
+
+def evaluate_policy(config: SimTinyConfig, checkpoint: Path, eval_world: Path,
+                    trajectories_out: Path | None = None) -> dict[str, Any]:
+    """A policy folder on the held-out world, greedy, observations blank when the run is blind."""
+    from ranger_jax.rollout import evaluate
+
+    return evaluate.evaluate_checkpoint(eval_world, checkpoint, blank_observations=config.blind,
+                                        concurrency=16, trajectories_out=trajectories_out, progress=config.progress)
+
+
+def _summary_scores(prefix: str, result: dict[str, Any]) -> dict[str, float]:
+    return {f"{prefix}_search_score": result["search_score"], f"{prefix}_reward": result["reward_mean"]}
+
+
+def run(config: SimTinyConfig, out: str | Path) -> dict[str, Any]:
+    """The whole sim-tiny job into folder `out` (see the module docstring); returns the summary it writes."""
+    from ranger_jax.data import viewer
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    started, timings = time.monotonic(), {}
+    env_file = write_env_file(config, out / ENV_FILE)
+    with timed(timings, "worlds"):
+        worlds = build_worlds(config, out / "worlds")
+    with timed(timings, "teacher_data"):
+        tokenizer_dir = out / "tokenizer"
+        tokenizer = train_tokenizer(config, worlds["sft"], tokenizer_dir)
+        data_dir = out / "sft_data"
+        teacher_stats = {}
+        if not (data_dir.exists() and shards.list_shards(data_dir)):  # a rerun of the folder reuses its data
+            teacher_stats = record_teacher(config, worlds["sft"], tokenizer, data_dir)
+    with metrics_lib.MetricsWriter(out / "metrics") as metrics:
+        with timed(timings, "sft"):
+            learner, sft_result = run_sft(config, tokenizer, data_dir, out, metrics)
+            sft_model = learner.params_model()
+            learner.close()
+            sft_dir = export_policy(config, sft_model, out / "sft_policy", tokenizer_dir, env_file)
+        grpo_result = None
+        if config.grpo_steps:
+            with timed(timings, "grpo"):
+                grpo, grpo_result = run_grpo(config, sft_model, tokenizer_dir, env_file, worlds["grpo"], out,
+                                             metrics)
+                final_model = grpo.params_model()
+        else:
+            final_model = sft_model
+    policy_dir = export_policy(config, final_model, out / "policy", tokenizer_dir, env_file)
+    with timed(timings, "eval"):
+        scripted = evaluate_scripted(config, worlds["eval"])
+        sft_eval = evaluate_policy(config, sft_dir, worlds["eval"])
+        grpo_eval = evaluate_policy(config, policy_dir, worlds["eval"], trajectories_out=out / "eval_grpo.array_record")
+    summary: dict[str, Any] = {
+        "preset": "sim-tiny", "seed": config.seed, "blind": config.blind,
+        **_summary_scores("naive", scripted["naive"]), **_summary_scores("teacher", scripted["teacher"]),
+        **_summary_scores("expert", scripted["expert"]), **_summary_scores("sft", sft_eval),
+        **_summary_scores("grpo", grpo_eval), "num_eval_tasks": grpo_eval["num_tasks"],
+        "eval_world_seed": config.eval_seed(), "train_world_seeds": config.sft_seeds() + [config.grpo_seed()],
+        "sft": {"steps": sft_result.num_steps, "final_loss": sft_result.last.get("loss"),
+                "tokens_per_s": sft_result.tokens_per_s, **teacher_stats},
+        "grpo": dataclasses.asdict(grpo_result) if grpo_result else None,
+        "reward_per_task": {"sft": [e["reward"] for e in sft_eval["episodes"]],
+                            "grpo": [e["reward"] for e in grpo_eval["episodes"]]},
+        "timings_s": timings, "wall_seconds": round(time.monotonic() - started, 1),
+        "config": dataclasses.asdict(config),
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n", "utf-8")
+    logged = {k for row in metrics_lib.read_jsonl(out / "metrics" / "metrics.jsonl") for k in row}
+    keys = [k for k in ("sft/loss", "grpo/reward_mean", "grpo/loss", "grpo/idle_fraction") if k in logged]
+    metrics_lib.plot_curves([out / "metrics" / "metrics.jsonl"], out / "curves.png", keys=keys,
+                            title=f"sim-tiny (seed {config.seed})")
+    viewer.write_viewer(out / "eval_grpo.array_record", out / "viewer.html", limit=40)
+    return summary

@@ -1,0 +1,69 @@
+"""The main job: SFT then GRPO of a Qwen3-VL policy for agentic image search.
+
+    python recipes/grpo_savanna.py                          # sim-tiny: the whole method on a CPU, ~20 min
+    python recipes/grpo_savanna.py --out runs/a --seed 1    # another seed, another folder
+    python recipes/grpo_savanna.py --blind                  # the control run: observations blanked
+    python recipes/grpo_savanna.py --preset savanna-8b-tpu --checkpoint CKPT --tasks rl_data.json --dry-run
+
+sim-tiny writes OUT/summary.json, OUT/policy/, OUT/curves.png and OUT/viewer.html (ranger_jax.rl.sim_tiny);
+the 8B presets check everything they need first and name what is missing (ranger_jax.rl.presets).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ranger_jax.rl import presets
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--preset", default="sim-tiny", choices=presets.NAMES)
+    parser.add_argument("--out", default=None, help="output folder (default: runs/<preset>)")
+    parser.add_argument("--dry-run", action="store_true", help="check the configuration and print the plan")
+    tiny = parser.add_argument_group("sim-tiny")
+    tiny.add_argument("--seed", type=int, default=0, help="run seed (world seeds derive from it)")
+    tiny.add_argument("--blind", action="store_true", help="control: the policy sees every observation blank")
+    tiny.add_argument("--sft-steps", type=int, help="override the SFT steps")
+    tiny.add_argument("--grpo-steps", type=int, help="override the GRPO steps")
+    scale = parser.add_argument_group("8B presets")
+    scale.add_argument("--checkpoint", help="HF Qwen3-VL-8B folder to start from (after SFT)")
+    scale.add_argument("--tasks", help="RL task file")
+    scale.add_argument("--sglang-url", action="append", default=[], help="SGLang policy server (repeatable)")
+    args = parser.parse_args(argv)
+    out = args.out or f"runs/{args.preset}"
+    if args.preset == "sim-tiny":
+        import dataclasses
+
+        from ranger_jax.rl import sim_tiny
+
+        overrides = {k: v for k, v in (("sft_steps", args.sft_steps), ("grpo_steps", args.grpo_steps))
+                     if v is not None}
+        config = dataclasses.replace(sim_tiny.SimTinyConfig(seed=args.seed, blind=args.blind), **overrides)
+        if args.dry_run:
+            print(json.dumps(dataclasses.asdict(config), indent=2))
+            return 0
+        summary = sim_tiny.run(config, out)
+        keys = [k for k in summary if k.endswith(("_search_score", "_reward"))] + ["num_eval_tasks", "wall_seconds"]
+        print(json.dumps({k: summary[k] for k in keys}, indent=2))
+        print(f"wrote {out}/summary.json, {out}/policy/, {out}/curves.png, {out}/viewer.html")
+        return 0
+    preset = presets.PRESETS[args.preset]
+    options = presets.ScaleOptions(checkpoint=args.checkpoint, tasks=args.tasks, out=out,
+                                   sglang_urls=tuple(args.sglang_url))
+    problems = presets.check(preset, options)
+    print(presets.plan(preset, options))
+    if problems:
+        print("\ncannot run yet:\n" + "\n".join(f"  - {p}" for p in problems), file=sys.stderr)
+        return 2
+    if args.dry_run:
+        print("\nready to run")
+        return 0
+    print(json.dumps(presets.run_scale(preset, options), indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

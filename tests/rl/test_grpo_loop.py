@@ -1,0 +1,47 @@
+"""The GRPO learner side: complete actor rounds are found oldest first, each once; actors are started and stopped."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from ranger_jax.rl import grpo_loop
+
+
+def _touch(folder, name):
+    (folder / name).write_bytes(b"")
+
+
+def test_rounds_complete_by_metrics_line(tmp_path):
+    metrics = tmp_path / "actor0.jsonl"
+    reader = grpo_loop.RoundReader(tmp_path, {"actor0": metrics})
+    _touch(tmp_path, "actor0-r00000-00000.array_record")
+    _touch(tmp_path, "actor0-r00000-00001.array_record")
+    assert reader.next_round() is None  # written, but the actor has not finished the round
+    metrics.write_text(json.dumps({"round": 0, "shards": 2}) + "\n{partial")
+    first = reader.next_round()
+    assert [p.name for p in first] == ["actor0-r00000-00000.array_record", "actor0-r00000-00001.array_record"]
+    assert reader.next_round() is None  # each round once
+    _touch(tmp_path, ".actor0-r00001-00000.array_record.tmp")  # temporaries are never read
+    assert reader.next_round() is None
+
+
+def test_rounds_complete_by_a_later_round_without_metrics(tmp_path):
+    reader = grpo_loop.RoundReader(tmp_path)
+    _touch(tmp_path, "a-r00003-00000.array_record")
+    assert reader.next_round() is None
+    _touch(tmp_path, "a-r00004-00000.array_record")
+    _touch(tmp_path, "b-r00001-00000.array_record")
+    _touch(tmp_path, "b-r00002-00000.array_record")
+    assert [p.name for p in reader.next_round()] == ["b-r00001-00000.array_record"]  # oldest round first
+    assert [p.name for p in reader.next_round()] == ["a-r00003-00000.array_record"]
+    assert reader.next_round() is None
+
+
+def test_actors_are_started_and_stopped_with_logs(tmp_path):
+    script = "import pathlib, time\nwhile not pathlib.Path(%r).exists(): time.sleep(0.05)\nprint('bye')"
+    stop = tmp_path / "w" / "STOP"
+    procs = grpo_loop.start_actors([[sys.executable, "-c", script % str(stop)]], tmp_path / "logs")
+    assert procs[0].poll() is None
+    assert grpo_loop.stop_actors(procs, stop, timeout_s=30) == [0]
+    assert "bye" in (tmp_path / "logs" / "actor-0.log").read_text()
