@@ -203,3 +203,40 @@ class ObjectFinder:
         mx, my = self.margins[0] * (x1 - x0), self.margins[1] * (y1 - y0)
         return (round(max(0.0, x0 - mx) / width, 4), round(max(0.0, y0 - my) / height, 4),
                 round(min(float(width), x1 + mx) / width, 4), round(min(float(height), y1 + my) / height, 4))
+
+
+def accuracy_on_world(the_world, root, finder: ObjectFinder, *, min_iou: float = 0.5) -> dict[str, float]:
+    """How often the top match for each task's target look is the target, over every world image showing it.
+
+    The world's annotations are read here only to grade the finder (the finder itself sees pixels alone).
+
+    Returns:
+        {"images": count, "top_match_iou50": share whose top box has IoU >= min_iou with the target's box,
+         "crop_passes": share whose crop (margins added) holds >= 80% of the target and no sibling fully}.
+    """
+    from pathlib import Path
+
+    from ranger_jax.env.sim import world as world_lib
+
+    hits = passes = total = 0
+    for task in world_lib.load_tasks(root):
+        target = the_world.entities[task.ground_truth["target_id"]]
+        look = f"{target.attributes.primary} with {target.attributes.secondary} {target.attributes.pattern}"
+        siblings = set(task.ground_truth["sibling_ids"])
+        for image in the_world.images.values():
+            boxes = {o.entity_id: o.box for o in image.objects}
+            if target.id not in boxes:
+                continue
+            total += 1
+            found = finder.find(Image.open(Path(root) / image.file), look)
+            if not found:
+                continue
+            hits += world_lib.box_iou(found[0].box, boxes[target.id]) >= min_iou
+            x0, y0, x1, y1 = finder.crop_box(found[0], image.width, image.height)
+            region = (x0 * image.width, y0 * image.height, x1 * image.width, y1 * image.height)
+            covered = world_lib.box_area(world_lib.box_intersection(boxes[target.id], region))
+            clean = all(world_lib.box_area(world_lib.box_intersection(b, region)) < 0.8 * world_lib.box_area(b)
+                        for k, b in boxes.items() if k in siblings)
+            passes += covered >= 0.8 * world_lib.box_area(boxes[target.id]) and clean
+    return {"images": total, "top_match_iou50": round(hits / max(total, 1), 4),
+            "crop_passes": round(passes / max(total, 1), 4)}

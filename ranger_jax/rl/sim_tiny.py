@@ -33,6 +33,7 @@ from typing import Any
 import tqdm
 
 from ranger_jax import env as env_lib
+from ranger_jax.env import perception
 from ranger_jax.data import batching, pipeline, shards
 from ranger_jax.env.sim import agents, build, world
 from ranger_jax.env.sim.finder_agent import SnippetAgent
@@ -346,6 +347,10 @@ def run(config: SimTinyConfig, out: str | Path) -> dict[str, Any]:
             final_model = sft_model
     policy_dir = export_policy(config, final_model, out / "policy", tokenizer_dir, env_file)
     with timed(timings, "eval"):
+        from ranger_jax.env.backends import offline
+
+        finder = offline.OfflineBackend(worlds["eval"]).object_finder
+        perception_accuracy = perception.accuracy_on_world(world.load_world(worlds["eval"]), worlds["eval"], finder)
         scripted = evaluate_scripted(config, worlds["eval"])
         sft_eval = evaluate_policy(config, sft_dir, worlds["eval"])
         grpo_eval = evaluate_policy(config, policy_dir, worlds["eval"], trajectories_out=out / "eval_grpo.array_record")
@@ -354,6 +359,7 @@ def run(config: SimTinyConfig, out: str | Path) -> dict[str, Any]:
         **_summary_scores("naive", scripted["naive"]), **_summary_scores("teacher", scripted["teacher"]),
         **_summary_scores("expert", scripted["expert"]), **_summary_scores("sft", sft_eval),
         **_summary_scores("grpo", grpo_eval), "num_eval_tasks": grpo_eval["num_tasks"],
+        "find_object_accuracy": perception_accuracy,
         "eval_world_seed": config.eval_seed(), "train_world_seeds": config.sft_seeds() + [config.grpo_seed()],
         "sft": {"steps": sft_result.num_steps, "final_loss": sft_result.last.get("loss"),
                 "tokens_per_s": sft_result.tokens_per_s, **teacher_stats},

@@ -113,3 +113,11 @@ def small_world(tmp_path_factory):
     root = tmp_path_factory.mktemp("finder") / "world"
     build.build_world(root, num_tasks=8, seed=11)
     return root, world.load_world(root), world.load_tasks(root)
+
+
+def test_accuracy_report_on_a_world(small_world):
+    root, the_world, _ = small_world
+    finder = perception.ObjectFinder(palette=catalog.COLOURS, patterns=render.pattern_drawers())
+    report = perception.accuracy_on_world(the_world, root, finder)
+    assert report["images"] >= 10
+    assert report["top_match_iou50"] >= 0.8 and report["crop_passes"] >= 0.8
