@@ -182,6 +182,52 @@ def compare_train_step(hf, graphdef, state, input_ids: np.ndarray, runs: int, op
     return {**alternating(ours, theirs, runs), **checks}
 
 
+def grpo_batch(input_ids: np.ndarray, seed: int) -> dict:
+    """A GRPO batch over `input_ids`: the second half of every row is "generated" (trained), rewards → advantages
+    of two groups, sampler log-probs a little off the learner's."""
+    rng = np.random.default_rng(seed)
+    batch, length = input_ids.shape
+    mask = np.zeros((batch, length), np.float32)
+    mask[:, length // 2:] = 1.0
+    return {"input_ids": input_ids.astype(np.int32), "attention_mask": np.ones((batch, length), np.int32),
+            "loss_mask": mask, "sampler_logp": (-rng.uniform(0.5, 3.0, (batch, length)) * mask).astype(np.float32),
+            "advantages": rng.standard_normal(batch).astype(np.float32),
+            "policy_version": np.zeros(batch, np.int32)}
+
+
+def compare_grpo_step(hf, model, batch: dict, runs: int) -> dict:
+    """One GRPO update: our `rl.learner.Learner` (fused chunked head, clip-higher, TIS, AdamW) vs the same objective
+    written in torch over full logits (log_softmax, gather, clipped ratio, seq-mean-token-sum, AdamW)."""
+    from ranger_jax.rl import learner, learner_config
+
+    settings = learner_config.LearnerConfig(objective="grpo", learning_rate=1e-6, old_logp="learner", tis_cap=2.0,
+                                            weight_decay=0.01, max_grad_norm=1.0)
+    ours_learner = learner.Learner(model, settings)
+    ids = torch.from_numpy(batch["input_ids"]).long()
+    mask = torch.from_numpy(batch["loss_mask"])[:, 1:]
+    advantages = torch.from_numpy(batch["advantages"])[:, None]
+    sampler = torch.from_numpy(batch["sampler_logp"])[:, 1:]
+    torch_opt = torch.optim.AdamW(hf.parameters(), lr=1e-6, weight_decay=0.01)
+
+    def ours():
+        ours_learner.step(batch)
+
+    def theirs():
+        torch_opt.zero_grad(set_to_none=True)
+        logits = hf(input_ids=ids).logits[:, :-1].float()
+        logp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None])[..., 0]
+        old = logp.detach()
+        ratio = torch.exp(logp - old)
+        per_token = torch.maximum(-advantages * ratio, -advantages * ratio.clamp(0.8, 1.28))
+        per_token = per_token * torch.clamp(torch.exp(old - sampler), max=2.0)
+        loss = ((per_token * mask).sum(-1)).mean()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(hf.parameters(), 1.0)
+        torch_opt.step()
+
+    return alternating(ours, theirs, runs)
+
+
 def run_decode_benchmark(threads: int) -> dict:
     """`compare_decode` of benchmarks/decode_vs_torch.py (a sibling script, not a package: loaded by path)."""
     spec = importlib.util.spec_from_file_location("decode_vs_torch", DECODE_BENCHMARK)
@@ -204,6 +250,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-images", action="store_true", help="skip the forward-with-images case")
     parser.add_argument("--no-decode", action="store_true", help="skip benchmarks/decode_vs_torch.py")
+    parser.add_argument("--no-grpo", action="store_true", help="skip the GRPO learner step")
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -237,6 +284,12 @@ def main() -> None:
         "forward": forward,
         "train_step": train,
     })
+    if not args.no_grpo:
+        grpo = compare_grpo_step(hf, model, grpo_batch(ids, args.seed), args.runs)
+        result["grpo_step_speedup"] = grpo["torch_s"] / grpo["ours_s"]
+        result["grpo_step_tokens_per_s"] = {"ours": tokens / grpo["ours_s"], "torch": tokens / grpo["torch_s"]}
+        result["grpo_step_mfu"] = flops.mfu(train_flops, grpo["ours_s"], peak["jax_matmul_flops_per_s"])
+        result["grpo_step"] = grpo
     if not args.no_images:
         images = compare_forward(hf, graphdef, state, image_batch(config, batch, length, args.seed), args.runs)
         result["images_forward_speedup"] = images["torch_s"] / images["ours_s"]
@@ -257,6 +310,8 @@ def print_table(result: dict) -> None:
           f"median of {c['runs']}")
     print(f"{'':34}{'ours':>12}{'transformers':>14}{'ratio':>8}")
     rows = [("forward", result["forward"]), ("train step", result["train_step"])]
+    if "grpo_step" in result:
+        rows.append(("GRPO learner step", result["grpo_step"]))
     if "images_forward" in result:
         rows.append(("forward with images", result["images_forward"]))
     tokens = c["batch"] * c["length"]
@@ -270,6 +325,8 @@ def print_table(result: dict) -> None:
               f"{d['decode_speedup']:8.2f}")
     print(f"{'train step MFU (of jnp f32 peak)':34}{result['train_step_mfu']:12.1%}"
           f"{result['torch_train_step_mfu']:14.1%}")
+    if "grpo_step_mfu" in result:
+        print(f"{'GRPO step MFU (of jnp f32 peak)':34}{result['grpo_step_mfu']:12.1%}")
     print(f"f32 matmul peak: jnp {result['jax_matmul_flops_per_s'] / 1e9:.0f} GFLOP/s, torch "
           f"{result['torch_matmul_flops_per_s'] / 1e9:.0f} GFLOP/s; train step {result['train_step_flops'] / 1e9:.0f}"
           " GFLOP (flops.text_flops)")

@@ -57,7 +57,7 @@ class SimTinyConfig:
     sft_worlds: int = 6
     tasks_per_world: int = 40
     grpo_tasks: int = 80
-    eval_tasks: int = 120
+    eval_tasks: int = 100
     # environment (what the policy sees)
     max_turns: int = 5
     max_tool_calls: int = 4
@@ -66,12 +66,12 @@ class SimTinyConfig:
     size: tiny_policy.TinyPolicySize = tiny_policy.TinyPolicySize(vocab_size=1024)
     max_new_tokens: int = 160
     # SFT
-    sft_steps: int = 300
+    sft_steps: int = 250
     sft_batch: int = 8
     sft_learning_rate: float = 3e-3
     # GRPO
-    grpo_steps: int = 20
-    grpo_tasks_per_step: int = 8
+    grpo_steps: int = 6
+    grpo_tasks_per_step: int = 4
     group_size: int = 8
     grpo_learning_rate: float = 3e-4
     temperature: float = 1.0
