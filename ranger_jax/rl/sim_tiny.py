@@ -62,6 +62,7 @@ class SimTinyConfig:
     max_turns: int = 5
     max_tool_calls: int = 4
     text_top_k: int = 5
+    teacher_query: str = "request"  # what the teacher searches: the request verbatim, or its proper nouns
     # policy
     size: tiny_policy.TinyPolicySize = tiny_policy.TinyPolicySize(vocab_size=1024)
     max_new_tokens: int = 160
@@ -147,7 +148,7 @@ def _texts(state: Any) -> list[str]:
 
 def teacher(config: SimTinyConfig) -> SnippetAgent:
     """The scripted teacher of the run."""
-    return SnippetAgent(top_k=config.text_top_k)
+    return SnippetAgent(top_k=config.text_top_k, query=config.teacher_query)
 
 
 def train_tokenizer(config: SimTinyConfig, worlds: list[Path], out: Path) -> Any:

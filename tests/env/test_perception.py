@@ -121,3 +121,15 @@ def test_accuracy_report_on_a_world(small_world):
     report = perception.accuracy_on_world(the_world, root, finder)
     assert report["images"] >= 10
     assert report["top_match_iou50"] >= 0.8 and report["crop_passes"] >= 0.8
+
+
+def test_snippet_agent_can_search_the_request_verbatim(small_world):
+    root, the_world, tasks = small_world
+    with env.make("offline", world=str(root), tools=["text_search", "image_search", "find_object"],
+                  prompt_style="compact", show_links=False) as tool_env:
+        final = agents.run_episode(tool_env, tasks[0], SnippetAgent(query="request"))
+    assert tasks[0].prompt.rstrip(".") in final.messages[2]["content"]
+    assert "](" not in final.messages[3]["content"][0]["text"] if not isinstance(final.messages[3]["content"], str) \
+        else "](" not in final.messages[3]["content"]
+    with pytest.raises(ValueError, match="'names'"):
+        SnippetAgent(query="names")
