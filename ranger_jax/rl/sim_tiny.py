@@ -42,7 +42,7 @@ from ranger_jax.rl import grpo_loop, sft, tiny_policy
 from ranger_jax.rl import learner as learner_lib
 from ranger_jax.rl import learner_config
 from ranger_jax.rl import metrics as metrics_lib
-from ranger_jax.rollout import actor, episode, policy as policy_lib, runner, scoring
+from ranger_jax.rollout import episode, policy as policy_lib, runner, scoring
 
 TOOLS = ("text_search", "image_search", "find_object")
 ENV_FILE = "env.toml"
@@ -63,11 +63,12 @@ class SimTinyConfig:
     max_tool_calls: int = 4
     text_top_k: int = 5
     teacher_query: str = "request"  # what the teacher searches: the request verbatim, or its proper nouns
+    teacher_min_reward: float = 0.5  # rejection: SFT keeps teacher episodes at least this good (a search pass)
     # policy
-    size: tiny_policy.TinyPolicySize = tiny_policy.TinyPolicySize(vocab_size=1024)
+    size: tiny_policy.TinyPolicySize = tiny_policy.TinyPolicySize(vocab_size=2048)
     max_new_tokens: int = 160
     # SFT
-    sft_steps: int = 250
+    sft_steps: int = 400
     sft_batch: int = 8
     sft_learning_rate: float = 3e-3
     # GRPO
@@ -152,9 +153,9 @@ def teacher(config: SimTinyConfig) -> SnippetAgent:
 
 
 def train_tokenizer(config: SimTinyConfig, worlds: list[Path], out: Path) -> Any:
-    """The policy's compact tokenizer, learned from the teacher's episodes on the first two SFT worlds."""
+    """The policy's compact tokenizer, learned from the teacher's episodes on the SFT worlds."""
     texts: list[str] = []
-    for folder in worlds[:2]:
+    for folder in worlds:
         with env_lib.make("offline", world=str(folder), **config.env_options()) as tool_env:
             for task in tqdm.tqdm(world.load_tasks(folder), desc="tokenizer text", disable=not config.progress):
                 texts.extend(_texts(agents.run_episode(tool_env, task, teacher(config))))
@@ -171,18 +172,26 @@ def rollout_config(config: SimTinyConfig, *, group_size: int = 1, greedy: bool =
 
 
 def record_teacher(config: SimTinyConfig, worlds: list[Path], tokenizer: Any, out: Path) -> dict[str, float]:
-    """The teacher's episodes on `worlds` as trajectory shards in `out`; returns its mean reward and pass rate."""
+    """The teacher's episodes on `worlds`, those with reward >= `teacher_min_reward` (rejection sampling, as both
+    papers filter their teacher trajectories), as trajectory shards in `out`; returns its reward and kept share."""
     renderer = chat.ChatRenderer(tokenizer, merge_size=tiny_policy.VISION.merge_size)
-    rewards = []
-    for i, folder in enumerate(worlds):
-        with env_lib.make("offline", world=str(folder), **config.env_options()) as tool_env:
-            scripted = policy_lib.ScriptedPolicy(teacher(config), tokenizer, name="teacher")
-            summary = actor.run_actor(tool_env, scripted, world.load_tasks(folder), renderer=renderer, out_dir=out,
-                                      config=rollout_config(config), prefix=f"teacher-{i}",
-                                      scorer=scoring.make_scorer(tool_env, generate_images=False),
-                                      progress=config.progress)
-            rewards.append(summary.reward_mean)
-    return {"teacher_train_reward": sum(rewards) / len(rewards)}
+    rewards, kept = [], 0
+    with shards.RollingShardWriter(out, prefix="teacher") as writer:
+        for folder in tqdm.tqdm(worlds, desc="teacher episodes", disable=not config.progress):
+            with env_lib.make("offline", world=str(folder), **config.env_options()) as tool_env:
+                scripted = policy_lib.ScriptedPolicy(teacher(config), tokenizer, name="teacher")
+                groups = runner.run(tool_env, scripted, world.load_tasks(folder), renderer=renderer,
+                                    config=rollout_config(config),
+                                    scorer=scoring.make_scorer(tool_env, generate_images=False))
+            for trajectory in (t for g in groups for t in g.trajectories):
+                rewards.append(trajectory.reward)
+                if trajectory.reward >= config.teacher_min_reward:
+                    writer.write(trajectory)
+                    kept += 1
+    if not kept:
+        raise RuntimeError(f"no teacher episode reached reward {config.teacher_min_reward}; nothing to train on")
+    return {"teacher_train_reward": sum(rewards) / len(rewards), "teacher_kept": kept,
+            "teacher_episodes": len(rewards)}
 
 
 def batch_spec(tokenizer: Any, batch_size: int) -> batching.BatchSpec:

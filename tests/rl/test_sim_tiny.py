@@ -12,7 +12,7 @@ from ranger_jax.rollout import trained_env
 
 MICRO = sim_tiny.SimTinyConfig(
     sft_worlds=1, tasks_per_world=4, grpo_tasks=4, eval_tasks=4, sft_steps=2, sft_batch=4, grpo_steps=2,
-    grpo_tasks_per_step=1, group_size=2, max_new_tokens=24, progress=False,
+    grpo_tasks_per_step=1, group_size=2, max_new_tokens=24, progress=False, teacher_min_reward=0.0,
     size=tiny_policy.TinyPolicySize(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                     num_attention_heads=2, num_key_value_heads=1, head_dim=16, vocab_size=512,
                                     vision_depth=1, vision_hidden_size=16))
@@ -58,10 +58,11 @@ def test_grpo_ran_decoupled_with_versions_and_staleness(run):
 
 def test_blind_config_blanks_the_teacher_tokens(tmp_path):
     config = sim_tiny.SimTinyConfig(blind=True, sft_worlds=1, tasks_per_world=2, progress=False,
-                                    size=MICRO.size)
+                                    size=MICRO.size, teacher_min_reward=0.0)
     worlds = sim_tiny.build_worlds(config, tmp_path / "worlds")
     tokenizer = sim_tiny.train_tokenizer(config, worlds["sft"], tmp_path / "tok")
-    sim_tiny.record_teacher(config, worlds["sft"], tokenizer, tmp_path / "data")
+    stats = sim_tiny.record_teacher(config, worlds["sft"], tokenizer, tmp_path / "data")
+    assert stats["teacher_kept"] == stats["teacher_episodes"] == 2
     record = next(shards.read_shard(shards.list_shards(tmp_path / "data")[0]))
     text = tokenizer.decode(list(record.token_ids))
     assert "search result for" not in text and not record.images  # the policy never saw what tools returned
@@ -83,3 +84,27 @@ def test_sft_recipe_trains_and_resumes_from_the_run_outputs(run, tmp_path, capsy
     assert recipe.main(common + ["--steps", "3"]) == 0  # resumes at step 2
     assert "3 steps" in capsys.readouterr().out
     assert (tmp_path / "policy" / "config.json").is_file() and (tmp_path / "policy" / "tokenizer.json").is_file()
+
+
+def test_teacher_rejection_keeps_only_good_episodes(run, tmp_path):
+    import dataclasses
+
+    from ranger_jax.processing import tokenizer as tokenizer_lib
+
+    out, _ = run
+    everything = sorted(t.reward for p in shards.list_shards(out / "sft_data") for t in shards.read_shard(p))
+    assert len(everything) == 4  # MICRO keeps every teacher episode
+    worlds = sim_tiny.build_worlds(MICRO, out / "worlds")
+    tokenizer = tokenizer_lib.load_tokenizer(out / "tokenizer")
+    if everything[0] == everything[-1]:
+        with pytest.raises(RuntimeError, match="nothing to train on"):
+            sim_tiny.record_teacher(dataclasses.replace(MICRO, teacher_min_reward=everything[-1] + 0.1),
+                                    worlds["sft"], tokenizer, tmp_path / "none")
+        return
+    threshold = (everything[0] + everything[-1]) / 2
+    stats = sim_tiny.record_teacher(dataclasses.replace(MICRO, teacher_min_reward=threshold), worlds["sft"],
+                                    tokenizer, tmp_path / "kept")
+    kept = [t.reward for p in shards.list_shards(tmp_path / "kept") for t in shards.read_shard(p)]
+    assert stats["teacher_episodes"] == 4 and stats["teacher_kept"] == len(kept) == sum(r >= threshold
+                                                                                        for r in everything)
+    assert all(r >= threshold for r in kept)
