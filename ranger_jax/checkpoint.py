@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -32,16 +31,14 @@ from ranger_jax.models import qwen3_vl
 from ranger_jax.models.qwen3_vl import config as config_lib
 from ranger_jax.models.qwen3_vl import model as model_lib
 from ranger_jax.parallel import rules as rules_lib
+from ranger_jax.processing import tokenizer as tokenizer_lib
 
 log = logging.getLogger(__name__)
 
 DATA_STATE = "data_state"
 MODEL_CONFIG = "model_config"
 DEFAULT_ITEMS = ("params", "optimizer")
-# Files of an HF model folder besides the weights that tokenizers and processors read.
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json",
-                   "added_tokens.json", "chat_template.jinja", "chat_template.json", "preprocessor_config.json",
-                   "video_preprocessor_config.json", "processor_config.json", "generation_config.json")
+TOKENIZER_FILES = tokenizer_lib.TOKENIZER_FILES
 _RUNTIME_FIELDS = ("dtype", "param_dtype", "remat", "attention", "sharding_rules")
 
 
@@ -242,9 +239,7 @@ class CheckpointManager:
         out_dir = Path(out_dir)
         qwen3_vl.save(model, out_dir)
         if tokenizer_dir is not None and jax.process_index() == 0:
-            for name in TOKENIZER_FILES:
-                if (tokenizer_dir / name).is_file():
-                    shutil.copyfile(tokenizer_dir / name, out_dir / name)
+            tokenizer_lib.copy_tokenizer_files(tokenizer_dir, out_dir)
         log.info("checkpoint: exported step %d to %s", step, out_dir)
         return out_dir
 

@@ -18,7 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     from ranger_jax.models import qwen3_vl
     from ranger_jax.parallel import mesh as mesh_lib
     from ranger_jax.processing import tokenizer as tokenizer_lib
-    from ranger_jax.rl import learner, learner_config, metrics, sft, tiny_policy
+    from ranger_jax.rl import learner, learner_config, metrics, sft
     from ranger_jax.rollout import sequence
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         result = sft.train(trainer, dataset, num_steps=args.steps, metrics=writer, resume=True,
                            checkpoint_every=max(1, args.steps // 10))
     qwen3_vl.save(trainer.params_model(), f"{args.out}/policy")
-    tiny_policy.copy_tokenizer_files(args.checkpoint, f"{args.out}/policy")
+    tokenizer_lib.copy_tokenizer_files(args.checkpoint, f"{args.out}/policy")
     trainer.close()
     print(f"{result.num_steps} steps, last loss {result.last.get('loss', float('nan')):.4f}; wrote {args.out}/policy")
     return 0

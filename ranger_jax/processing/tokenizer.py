@@ -32,6 +32,10 @@ SPECIAL_TOKENS = (
     "</think>",  # 151668
 )
 VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
+# Files of an HF model folder besides the weights that tokenizers and processors read.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json",
+                   "added_tokens.json", "chat_template.jinja", "chat_template.json", "preprocessor_config.json",
+                   "video_preprocessor_config.json", "processor_config.json", "generation_config.json")
 DEFAULT_EOS_TOKEN = "<|im_end|>"
 DEFAULT_PAD_TOKEN = "<|endoftext|>"
 
@@ -156,3 +160,16 @@ def load_tokenizer(checkpoint_dir: str | os.PathLike) -> Tokenizer:
         eos_token = _token_name(config.get("eos_token")) or eos_token
         pad_token = _token_name(config.get("pad_token")) or pad_token
     return Tokenizer(backend, eos_token=eos_token, pad_token=pad_token, source=str(directory))
+
+
+def copy_tokenizer_files(source_dir: str | os.PathLike, out_dir: str | os.PathLike) -> list[str]:
+    """Copies the tokenizer and processor files (`TOKENIZER_FILES`) that `source_dir` has into `out_dir`; returns
+    the names copied (so a checkpoint folder is complete for `load_tokenizer` and transformers)."""
+    import shutil
+
+    copied = []
+    for name in TOKENIZER_FILES:
+        if (Path(source_dir) / name).is_file():
+            shutil.copyfile(Path(source_dir) / name, Path(out_dir) / name)
+            copied.append(name)
+    return copied

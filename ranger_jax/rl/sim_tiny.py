@@ -38,6 +38,7 @@ from ranger_jax.data import batching, pipeline, shards
 from ranger_jax.env.sim import agents, build, world
 from ranger_jax.env.sim.finder_agent import SnippetAgent
 from ranger_jax.processing import chat
+from ranger_jax.processing import tokenizer as tokenizer_lib
 from ranger_jax.rl import grpo_loop, sft, tiny_policy
 from ranger_jax.rl import learner as learner_lib
 from ranger_jax.rl import learner_config
@@ -208,7 +209,7 @@ def export_policy(config: SimTinyConfig, model: Any, out: Path, tokenizer_dir: P
     from ranger_jax.rollout import trained_env
 
     qwen3_vl.save(model, out)
-    tiny_policy.copy_tokenizer_files(tokenizer_dir, out)
+    tokenizer_lib.copy_tokenizer_files(tokenizer_dir, out)
     settings = tomllib.loads(env_file.read_text("utf-8"))
     episode_config = rollout_config(config).episode
     trained_env.write(out, trained_env.TrainedEnv(
@@ -281,8 +282,6 @@ def run_sft(config: SimTinyConfig, tokenizer: Any, data_dir: Path, out: Path,
 def run_grpo(config: SimTinyConfig, model: Any, tokenizer_dir: Path, env_file: Path, grpo_world: Path, out: Path,
              metrics: metrics_lib.MetricsWriter) -> tuple[learner_lib.Learner, grpo_loop.GrpoResult]:
     """GRPO from the SFT policy with one decoupled actor process."""
-    from ranger_jax.processing import tokenizer as tokenizer_lib
-
     tokenizer = tokenizer_lib.load_tokenizer(tokenizer_dir)
     learner = grpo_learner(config, model)
     weights_dir, shards_dir = out / "weights", out / "grpo_shards"

@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Iterable
-from pathlib import Path
 
 from ranger_jax.models import qwen3_vl
 from ranger_jax.processing import compact_tokenizer
@@ -82,12 +81,3 @@ def init_policy(tokenizer: tokenizer_lib.Tokenizer, size: TinyPolicySize = TinyP
                 ) -> qwen3_vl.Qwen3VL:
     """A freshly initialised tiny policy for `tokenizer`."""
     return qwen3_vl.init(model_config(tokenizer, size), seed=seed)
-
-
-def copy_tokenizer_files(tokenizer_dir: str | os.PathLike, out_dir: str | os.PathLike) -> None:
-    """Copies tokenizer.json and tokenizer_config.json next to a checkpoint."""
-    out = Path(out_dir)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        source = Path(tokenizer_dir) / name
-        if source.is_file():
-            (out / name).write_bytes(source.read_bytes())

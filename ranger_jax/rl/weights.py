@@ -32,15 +32,14 @@ import jax.numpy as jnp
 
 from ranger_jax import fileio
 from ranger_jax.models import qwen3_vl
+from ranger_jax.processing import tokenizer as tokenizer_lib
 
 log = logging.getLogger(__name__)
 
 LATEST_FILE = "latest"
 DEFAULT_KEEP = 3  # versions kept: the newest, plus slack for actors still loading an older one
 # Files of an HF model folder besides the weights that tokenizers and processors read.
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json",
-                   "added_tokens.json", "chat_template.jinja", "chat_template.json", "preprocessor_config.json",
-                   "video_preprocessor_config.json", "processor_config.json", "generation_config.json")
+TOKENIZER_FILES = tokenizer_lib.TOKENIZER_FILES
 _VERSION_NAME = re.compile(r"v(\d{6,})")
 
 
@@ -139,9 +138,7 @@ def publish(model: qwen3_vl.Qwen3VL, folder: str | os.PathLike, version: int, *,
         if not writer:
             return target
         if tokenizer_dir is not None:
-            for name in TOKENIZER_FILES:
-                if (Path(tokenizer_dir) / name).is_file():
-                    shutil.copyfile(Path(tokenizer_dir) / name, temp / name)
+            tokenizer_lib.copy_tokenizer_files(tokenizer_dir, temp)
         os.rename(temp, target)  # the version appears complete or not at all
     except BaseException:
         if writer:
