@@ -53,6 +53,20 @@ def _flat(tree: Any) -> dict[str, Any]:
     return ocp.tree.to_flat_dict(tree, sep=".")
 
 
+def abstract_placement(config: config_lib.Qwen3VLConfig, mesh: jax.sharding.Mesh | None
+                       ) -> tuple[nnx.GraphDef, nnx.State, Any]:
+    """(graphdef, abstract params, shardings) of a `Qwen3VL` built for `config`: parameters placed by the config's
+    partition rules on `mesh`, or all on the first device without one. Nothing is allocated."""
+    abstract = nnx.eval_shape(lambda: model_lib.Qwen3VL(config, rngs=nnx.Rngs(0)))
+    graphdef, params = nnx.split(abstract, nnx.Param)
+    if mesh is None:
+        device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        return graphdef, params, jax.tree.map(lambda _: device, params)
+    specs = rules_lib.param_shardings(params, mesh, config.sharding_rules)
+    shardings = jax.tree.map(lambda v, s: v.replace(s), params, specs, is_leaf=lambda x: isinstance(x, nnx.Variable))
+    return graphdef, params, shardings
+
+
 class CheckpointManager:
     """An Orbax `CheckpointManager` for training states (see the module docstring).
 
@@ -225,15 +239,7 @@ class CheckpointManager:
             if not any((tokenizer_dir / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
                 raise FileNotFoundError(f"tokenizer_dir {tokenizer_dir} holds neither tokenizer.json nor "
                                         "tokenizer_config.json")
-        abstract = nnx.eval_shape(lambda: model_lib.Qwen3VL(config, rngs=nnx.Rngs(0)))
-        graphdef, params = nnx.split(abstract, nnx.Param)
-        if mesh is None:
-            device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-            shardings = jax.tree.map(lambda _: device, params)
-        else:
-            specs = rules_lib.param_shardings(params, mesh, config.sharding_rules)
-            shardings = jax.tree.map(lambda v, s: v.replace(s), params, specs,
-                                     is_leaf=lambda x: isinstance(x, nnx.Variable))
+        graphdef, params, shardings = abstract_placement(config, mesh)
         restored, _ = self.restore({item: abstract_like(params, shardings)}, step=step)
         model = nnx.merge(graphdef, restored[item])
         out_dir = Path(out_dir)

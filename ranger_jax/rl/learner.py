@@ -34,7 +34,6 @@ from ranger_jax.models.qwen3_vl import config as model_config_lib
 from ranger_jax.models.qwen3_vl import loss as loss_lib
 from ranger_jax.models.qwen3_vl import model as model_lib
 from ranger_jax.parallel import mesh as mesh_lib
-from ranger_jax.parallel import rules as rules_lib
 from ranger_jax.rl import train_step as train_step_lib
 from ranger_jax.rl.learner_config import LearnerConfig
 
@@ -68,16 +67,9 @@ def place_model(model: model_lib.Qwen3VL, config: model_config_lib.Qwen3VLConfig
     if not _same_architecture(model.config, config):
         raise ValueError("place_model needs a config of the same architecture as the model (text_config, "
                          "vision_config, token ids, tie_word_embeddings); only runtime fields may differ")
-    abstract = nnx.eval_shape(lambda: model_lib.Qwen3VL(config, rngs=nnx.Rngs(0)))
-    graphdef, abstract_params = nnx.split(abstract, nnx.Param)
-    if mesh is None:
-        device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-        shardings = jax.tree.map(lambda _: device, abstract_params)
-    else:
+    if mesh is not None:
         mesh_lib.check_mesh(mesh)
-        specs = rules_lib.param_shardings(abstract_params, mesh, config.sharding_rules)
-        shardings = jax.tree.map(lambda v, s: v.replace(s), abstract_params, specs,
-                                 is_leaf=lambda x: isinstance(x, nnx.Variable))
+    graphdef, abstract_params, shardings = checkpoint_lib.abstract_placement(config, mesh)
     values = jax.device_put(nnx.state(model, nnx.Param), shardings)
     cast = jax.jit(lambda tree: jax.tree.map(lambda x, a: x.astype(a.dtype), tree, abstract_params),
                    out_shardings=shardings)
