@@ -86,7 +86,7 @@ def main() -> None:
     the_world, tasks = world.load_world(world_dir), world.load_tasks(world_dir)[:args.tasks]
     results: dict = {"tasks": len(tasks), "group_size": args.group_size, "concurrency": args.concurrency,
                      "cpu_count": os.cpu_count(), "policies": {}}
-    with env.make("envs/savanna_sim.toml", world=str(world_dir)) as tool_env:
+    with env.make("savanna_sim", world=str(world_dir)) as tool_env:
         scorer = scoring.make_scorer(tool_env, world=the_world)
         for name in args.policies.split(","):
             if name == "tiny":

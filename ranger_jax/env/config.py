@@ -1,7 +1,8 @@
-"""Environment settings: the `EnvConfig` dataclass, reward settings, and the `envs/*.toml` file format.
+"""Environment settings: the `EnvConfig` dataclass, reward settings, and the environment file (TOML) format.
 
-An environment file names a backend and sets options in three tables; `env.make(path, **options)` reads it and
-lets keyword options override it:
+An environment file names a backend and sets options in three tables; `env.make(name_or_path, **options)` reads
+it and lets keyword options override it. The files shipped with the library live in `ranger_jax/env/configs/`
+(`env.env_files()`, addressed by name: `env.make("savanna_sim", world=...)`):
 
     description = "…"            # free text
     backend = "offline"           # or "live"
@@ -141,7 +142,7 @@ def check_rewards(rewards: dict[str, Any], where: str) -> dict[str, Any]:
 
 @dataclasses.dataclass(frozen=True)
 class EnvFile:
-    """The parsed content of an `envs/*.toml` file."""
+    """The parsed content of an environment file."""
 
     path: str
     backend: str

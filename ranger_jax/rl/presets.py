@@ -34,7 +34,7 @@ class ScalePreset:
     name: str
     platform: str  # "tpu" | "gpu": what jax.devices() must report
     mesh: tuple[int, int, int]  # ("data", "fsdp", "tensor") sizes; -1 fills with the remaining devices
-    env_file: str = "envs/savanna_live.toml"
+    env_file: str = "savanna_live"  # a shipped environment (ranger_jax/env/configs/) or a .toml path
     learner: learner_config.LearnerConfig = GEN_SEARCHER_GRPO
     group_size: int = 6  # G
     prompts_per_step: int = 8
@@ -69,9 +69,10 @@ class ScaleOptions:
 
 
 def _env_rewards(env_file: str) -> dict[str, Any]:
-    import tomllib
+    from ranger_jax.env import config as config_lib
+    from ranger_jax.env import registry
 
-    return tomllib.loads(Path(env_file).read_text("utf-8")).get("rewards", {})
+    return config_lib.load_env_file(registry.find_env_file(env_file)).rewards
 
 
 def check(preset: ScalePreset, options: ScaleOptions, *, environ: dict[str, str] | None = None,
@@ -89,10 +90,11 @@ def check(preset: ScalePreset, options: ScaleOptions, *, environ: dict[str, str]
         problems.append("--tasks: the RL task file is required (rl_data.json, parquet, KnowGen JSON or JSONL)")
     elif not Path(options.tasks).is_file():
         problems.append(f"--tasks {options.tasks}: no such file")
-    if not Path(preset.env_file).is_file():
-        problems.append(f"env file {preset.env_file} not found (run from the repository root or pass --env)")
-    else:
+    try:
         rewards = _env_rewards(preset.env_file)
+    except (OSError, ValueError) as err:
+        problems.append(f"env {preset.env_file}: {err}")
+    else:
         for key in ("judge_url", "judge_model", "generator_url"):
             if not rewards.get(key):
                 problems.append(f"{preset.env_file} [rewards] {key} is not set (the judged reward needs it)")

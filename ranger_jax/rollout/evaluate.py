@@ -8,7 +8,7 @@ A checkpoint runs through the JAX sampler (`sampling.Sampler` behind `rollout.Sa
 (temperature 0), every task through `rollout.runner` with `concurrency` episodes in flight, and is scored with the
 env's reward (`ToolEnv.ascore`, the number RL trains on). When the folder carries the settings it was trained
 with (`rollout.trained_env`, `ranger_env.json`), the eval uses them: its tools, prompt style, limits and
-reward settings, image pixel bounds and token budgets; an `env_name` (e.g. `envs/savanna_sim.toml`) replaces
+reward settings, image pixel bounds and token budgets; an `env_name` (e.g. `"savanna_sim"`) replaces
 the recorded env and reward settings, and keyword options override either. Scripted and callable agents run
 through `env.sim.savanna.evaluate`. Every kind reports the same summary (`savanna.report`).
 """

@@ -1,9 +1,15 @@
 import json
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
 
 import pytest
 
 from ranger_jax import env
 from ranger_jax.env import config as config_lib
+from ranger_jax.env import registry
 from ranger_jax.env.backends import live
 
 
@@ -22,7 +28,39 @@ def write(tmp_path, text, name="e.toml"):
     return str(path)
 
 
-@pytest.mark.parametrize("name", ["envs/savanna_live.toml", "envs/knowgen_live.toml"])
+def test_shipped_files_are_addressed_by_name_and_by_path():
+    files = env.env_files()
+    assert sorted(files) == ["knowgen_live", "savanna_live", "savanna_sim"]
+    assert all(path.is_file() and path.parent.name == "configs" for path in files.values())
+    assert registry.find_env_file("savanna_live") == files["savanna_live"]
+    assert registry.find_env_file(str(files["savanna_live"])) == files["savanna_live"]
+    with env.make(files["knowgen_live"], cache_dir=None) as by_path, env.make("knowgen_live", cache_dir=None) as named:
+        assert by_path.config == named.config and by_path.rewards == named.rewards
+
+
+def test_the_repository_keeps_no_second_copy_of_the_shipped_files():
+    root = Path(__file__).resolve().parents[2]
+    copies = [p for p in root.rglob("*.toml") if p.name in {f"{n}.toml" for n in env.env_files()}
+              and ".venv" not in p.parts and p.parent != registry.CONFIGS_DIR]
+    assert copies == []
+
+
+def test_a_wheel_ships_the_environment_files(tmp_path):
+    """`pip install .` (not editable) must carry the files `make("savanna_sim")` reads: they are package data."""
+    root, source = Path(__file__).resolve().parents[2], tmp_path / "source"
+    shutil.copytree(root / "ranger_jax", source / "ranger_jax", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):  # a copy: building in place would leave build/ in the checkout
+        shutil.copy(root / name, source / name)
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                            "-w", str(tmp_path / "dist"), str(source)], capture_output=True, text=True, cwd=tmp_path)
+    if build.returncode != 0:
+        pytest.skip(f"cannot build a wheel here: {build.stderr[-300:]}")
+    wheel, = (tmp_path / "dist").glob("ranger_jax-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {f"ranger_jax/env/configs/{n}.toml" for n in env.env_files()} <= names
+
+
+@pytest.mark.parametrize("name", ["savanna_live", "knowgen_live"])
 def test_shipped_live_files_load(name):
     with env.make(name, max_turns=4, cache_dir=None) as tool_env:
         assert isinstance(tool_env.backend, live.LiveBackend)
@@ -31,7 +69,7 @@ def test_shipped_live_files_load(name):
 
 
 def test_shipped_sim_file_and_offline_name(world):
-    with env.make("envs/savanna_sim.toml", world=str(world)) as tool_env:
+    with env.make("savanna_sim", world=str(world)) as tool_env:
         task_row = json.loads((world / "tasks.jsonl").read_text().splitlines()[0])
         task = env.Task(task_row["id"], task_row["prompt"])
         assert tool_env.reset(task).today == tool_env.backend.today  # the world's own date
@@ -76,9 +114,11 @@ def test_bad_files_name_the_file_and_key(tmp_path, text, match):
 
 
 def test_bad_names_and_options():
-    with pytest.raises(ValueError, match=r"unknown environment 'web'; use one of \['live', 'offline'\]"):
+    with pytest.raises(ValueError, match=r"unknown environment 'web'; use a backend \['live', 'offline'\], a "
+                                         r"shipped environment \['knowgen_live', 'savanna_live', 'savanna_sim'\]"):
         env.make("web")
-    with pytest.raises(FileNotFoundError, match="envs/nope.toml does not exist"):
+    with pytest.raises(FileNotFoundError, match=r"envs/nope.toml does not exist; shipped environments: "
+                                                r"\['knowgen_live'"):
         env.make("envs/nope.toml")
     with pytest.raises(ValueError, match=r"env 'live': unknown option 'wrld'"):
         env.make("live", wrld="x")
@@ -88,6 +128,14 @@ def test_bad_names_and_options():
         env.make("live", max_tool_calls=-1)
     with pytest.raises(ValueError, match="allow_hosts entries"):
         env.make("live", allow_hosts=("",))
+
+
+def test_world_must_be_a_world_folder(world, tmp_path):
+    with pytest.raises(ValueError, match=rf"world '{world / 'tasks.jsonl'}' is a file, not a world folder; .* "
+                                         rf"perhaps '{world}'"):
+        env.make("savanna_sim", world=str(world / "tasks.jsonl"))
+    with pytest.raises(FileNotFoundError, match=rf"world folder '{tmp_path / 'nope'}' does not exist"):
+        env.make("offline", world=tmp_path / "nope")
 
 
 def test_every_option_name_has_one_home():

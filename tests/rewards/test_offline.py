@@ -32,7 +32,7 @@ def expert(the_world):
 @pytest.fixture(scope="module")
 def runs(world_dir, expert):
     """[(task, final state of the expert's episode)] in an env that stays open for the module."""
-    tool_env = env.make("envs/savanna_sim.toml", world=str(world_dir))
+    tool_env = env.make("savanna_sim", world=str(world_dir))
     yield tool_env, [(task, agents.run_episode(tool_env, task, expert)) for task in world.load_tasks(world_dir)]
     tool_env.close()
 
@@ -81,7 +81,7 @@ def test_text_coef_is_honoured(world_dir, the_world, runs):
     state = dataclasses.replace(state, answer=dataclasses.replace(state.answer, gen_prompt="nothing useful"))
     rewards = {}
     for alpha in (0.0, 0.2, 0.5, 1.0):
-        with env.make("envs/savanna_sim.toml", world=str(world_dir), text_coef=alpha) as tool_env:
+        with env.make("savanna_sim", world=str(world_dir), text_coef=alpha) as tool_env:
             rewards[alpha] = tool_env.score(state).reward
         assert rewards[alpha] == pytest.approx(expected(judged, alpha))
     assert rewards[0.2] == pytest.approx(0.6 + 0.2 * judged.crop_iou + 0.2 * judged.text_score)
@@ -94,7 +94,7 @@ def test_max_answer_refs_is_the_one_reference_limit(world_dir, runs, the_world):
     _, episodes = runs
     task = episodes[0][0]
     for limit in (5, 2):
-        with env.make("envs/savanna_sim.toml", world=str(world_dir), max_answer_refs=limit) as tool_env:
+        with env.make("savanna_sim", world=str(world_dir), max_answer_refs=limit) as tool_env:
             state = with_images(tool_env, task, [task.prompt, "official photo"])
             assert f"list at most {limit} references" in state.messages[0]["content"]
             ids = sorted(state.images)
@@ -122,12 +122,12 @@ def test_hard_zero_rules_keep_the_sim_parts(runs, world_dir):
                                                                                 "allowed [1, 5]"
     none = tool_env.score(dataclasses.replace(state, answer=None, termination=core.NO_ANSWER))
     assert none.zero_reason == combine.NO_ANSWER and none.breakdown["sim_reason"] == "no answer"
-    with env.make("envs/savanna_sim.toml", world=str(world_dir), min_references=2) as strict:
+    with env.make("savanna_sim", world=str(world_dir), min_references=2) as strict:
         assert strict.score(state).zero_reason == combine.REFERENCE_COUNT
 
 
 def test_scores_do_not_change_when_the_env_is_closed(world_dir, expert):
-    tool_env = env.make("envs/savanna_sim.toml", world=str(world_dir))
+    tool_env = env.make("savanna_sim", world=str(world_dir))
     states = [agents.run_episode(tool_env, task, expert) for task in world.load_tasks(world_dir)]
     assert any(state.images[ref.img_id].parent_id for state in states for ref in state.answer.reference_images)
     before = [tool_env.score(state) for state in states]
@@ -135,13 +135,13 @@ def test_scores_do_not_change_when_the_env_is_closed(world_dir, expert):
     assert not any(os.path.exists(state.images[ref.img_id].path) for state in states
                    for ref in state.answer.reference_images if state.images[ref.img_id].parent_id)
     assert [tool_env.score(state) for state in states] == before
-    with env.make("envs/savanna_sim.toml", world=str(world_dir)) as other:  # a fresh env scores them the same
+    with env.make("savanna_sim", world=str(world_dir)) as other:  # a fresh env scores them the same
         assert [other.score(state) for state in states] == before
 
 
 def test_live_reward_refuses_to_score_references_whose_files_are_gone(world_dir, expert):
     judge = {"kind": "judge", "judge_url": "http://127.0.0.1:9/v1", "judge_model": "j", "generator_url": "http://x"}
-    tool_env = env.make("envs/savanna_sim.toml", world=str(world_dir), **judge)
+    tool_env = env.make("savanna_sim", world=str(world_dir), **judge)
     state = agents.run_episode(tool_env, world.load_tasks(world_dir)[0], expert)
     tool_env.close()
     with pytest.raises(ValueError, match=r"the files of references \['IMG_\d+'\] are gone .*before ToolEnv.close"):
@@ -159,10 +159,10 @@ def test_errors(runs, world_dir, the_world):
         tool_env.score(dataclasses.replace(state, task=core.Task("x", "p")))
     with pytest.raises(ValueError, match="need 0 <= min_references <= max_references, got 3, 1"):
         offline.OfflineReward(the_world, min_references=3, max_references=1)
-    with env.make("envs/savanna_sim.toml", world=str(world_dir), kind="judge") as judged:
+    with env.make("savanna_sim", world=str(world_dir), kind="judge") as judged:
         with pytest.raises(ValueError, match=r"reward kind 'judge' needs the \[rewards\] key 'judge_url'"):
             judged.score(state)
-    with env.make("envs/savanna_live.toml") as live_env:
+    with env.make("savanna_live") as live_env:
         with pytest.raises(ValueError, match="judge_url"):
             env_reward.make_reward(live_env)
         live_env.reward = offline.OfflineReward(the_world)  # any reward can stand in

@@ -47,7 +47,7 @@ def qwen_renderer():
 
 @pytest.fixture(scope="module")
 def sim_env(world_dir):
-    with env.make("envs/savanna_sim.toml", world=str(world_dir)) as tool_env:
+    with env.make("savanna_sim", world=str(world_dir)) as tool_env:
         yield tool_env
 
 
@@ -71,7 +71,7 @@ def tiny_sampler(tiny_checkpoint, tiny_renderer):
 
 @pytest.fixture(scope="module")
 def tiny_env(world_dir):
-    with env.make("envs/savanna_sim.toml", world=str(world_dir), **TINY_ENV) as tool_env:
+    with env.make("savanna_sim", world=str(world_dir), **TINY_ENV) as tool_env:
         yield tool_env
 
 

@@ -18,6 +18,7 @@ import pytest
 from support.tiny_tokenizer import qwen3_tokenizer_dir
 
 from ranger_jax.data import shards
+from ranger_jax.env import registry
 from ranger_jax.env.sim import savanna
 from ranger_jax.models import qwen3_vl
 from ranger_jax.rl import weights
@@ -135,7 +136,7 @@ def test_stop_conditions_and_errors(tmp_path, sim_env, tasks, qwen_renderer, exp
 
 
 def test_cli_refuses_flags_that_need_rounds_or_a_model(world_dir, capsys):
-    base = ["--env", "envs/savanna_sim.toml", "--world", str(world_dir), "--out", "/nonexistent"]
+    base = ["--env", "savanna_sim", "--world", str(world_dir), "--out", "/nonexistent"]
     with pytest.raises(SystemExit):
         actor.main([*base, "--policy", "expert", "--metrics", "m.jsonl"])
     assert "--metrics writes one line per round" in capsys.readouterr().err
@@ -161,7 +162,7 @@ def wait_for(condition, process, what, timeout_s=60.0):
 
 def test_sigterm_ends_the_actor_cleanly(tmp_path, world_dir):
     out, metrics_path, summary_path = tmp_path / "out", tmp_path / "m.jsonl", tmp_path / "summary.json"
-    process = start_actor(["--env", "envs/savanna_sim.toml", "--world", str(world_dir), "--policy", "expert",
+    process = start_actor(["--env", "savanna_sim", "--world", str(world_dir), "--policy", "expert",
                            "--tokenizer", str(qwen3_tokenizer_dir()), "--out", str(out), "--max-pixels", "40000",
                            "--no-images", "--limit", "2", "--group-size", "2", "--concurrency", "2",
                            "--records-per-shard", "1", "--max-rounds", "1000", "--metrics", str(metrics_path),
@@ -189,7 +190,7 @@ def test_actor_follows_published_weights(tmp_path, world_dir, tiny_checkpoint):
     seeing that in the v2 trajectories proves the new weights were sampled with, not just the version stamped.
     """
     env_file = tmp_path / "env.toml"
-    env_file.write_text((REPO / "envs" / "savanna_sim.toml").read_text()
+    env_file.write_text(registry.env_files()["savanna_sim"].read_text()
                         .replace('tools = ["text_search", "image_search", "web_fetch", "crop_image"]',
                                  'tools = ["image_search"]').replace("max_turns = 9", "max_turns = 2"))
     folder, out, metrics_path = tmp_path / "weights", tmp_path / "out", tmp_path / "m.jsonl"

@@ -101,9 +101,9 @@ def test_shared_cache_changes_nothing_but_the_work(sim_env, expert, tasks, qwen_
 def test_rollout_records_the_reward_an_eval_reports(expert_runs, tasks, world_dir, sim_env, expert):
     """One reward for eval and RL: the same answer scores the same in savanna.evaluate, ToolEnv.score and the
     trajectory (the expert's episodes replayed through the env alone, scored after it is closed)."""
-    report = savanna.evaluate(world_dir, expert.agent, env_name="envs/savanna_sim.toml")
+    report = savanna.evaluate(world_dir, expert.agent, env_name="savanna_sim")
     rows = {row["task_id"]: row for row in report["episodes"]}
-    with env.make("envs/savanna_sim.toml", world=str(world_dir)) as replay:
+    with env.make("savanna_sim", world=str(world_dir)) as replay:
         states = {task.id: agents.run_episode(replay, task, expert.agent) for task in tasks}
     for task in tasks:
         traj, state = expert_runs[task.id], states[task.id]

@@ -51,7 +51,7 @@ def test_checkpoint_eval_uses_its_settings_and_is_deterministic(checkpoint, worl
 
 
 def test_env_option_replaces_the_recorded_settings(checkpoint, world_dir):
-    result = evaluate.evaluate_checkpoint(world_dir, checkpoint, env_name="envs/savanna_sim.toml", limit=2,
+    result = evaluate.evaluate_checkpoint(world_dir, checkpoint, env_name="savanna_sim", limit=2,
                                           max_context_tokens=64)  # not even the system prompt fits
     assert result["settings"]["env"]["tools"] == ["text_search", "image_search", "web_fetch", "crop_image"]
     assert result["settings"]["env"]["prompt_style"] == "full" and result["settings"]["episode"] == {
@@ -73,7 +73,7 @@ def test_agents_by_name_and_errors(world_dir, the_world, checkpoint):
 
 def test_trained_env_file_round_trip_and_errors(tmp_path, world_dir):
     assert trained_env.read(tmp_path) is None
-    with env.make("envs/savanna_sim.toml", world=str(world_dir), image_store=str(tmp_path / "store")) as tool_env:
+    with env.make("savanna_sim", world=str(world_dir), image_store=str(tmp_path / "store")) as tool_env:
         config = episode.EpisodeConfig(max_new_tokens=64, max_context_tokens=4096,
                                        vision=sequence.VisionSettings(min_pixels=4096, max_pixels=40_000),
                                        sampling=policy.SamplingParams())

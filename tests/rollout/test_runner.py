@@ -117,7 +117,7 @@ def judged_env(services, world_dir):
     """The offline world with the live reward: loopback images API and judge (the env's [rewards] options)."""
     judge = {"kind": "judge", "judge_url": services.url + "/v1", "judge_model": "judge",
              "generator_url": services.url}
-    with env.make("envs/savanna_sim.toml", world=str(world_dir), **judge) as tool_env:
+    with env.make("savanna_sim", world=str(world_dir), **judge) as tool_env:
         yield tool_env
 
 
@@ -154,13 +154,13 @@ def test_task_ground_truth_and_scorer_errors(sim_env, tasks, world_dir):
     assert live.task_ground_truth(core.Task("k", "p", ground_truth={"gt_image": "a.png"})) == "a.png"
     assert live.task_ground_truth(core.Task("k", "p", ground_truth=b"raw")) == b"raw"
     assert live.task_ground_truth(core.Task("k", "p", ground_truth={"other": 1})) is None
-    with env.make("envs/savanna_sim.toml", world=str(world_dir), kind="judge") as judged:
+    with env.make("savanna_sim", world=str(world_dir), kind="judge") as judged:
         with pytest.raises(ValueError, match="needs the \\[rewards\\] key 'judge_url'"):
             scoring.make_scorer(judged)  # fails when the scorer is made, not mid-run
-    with env.make("envs/savanna_live.toml", kind="sim") as live_env:
+    with env.make("savanna_live", kind="sim") as live_env:
         with pytest.raises(ValueError, match="reward kind 'sim' needs the offline world; backend LiveBackend"):
             scoring.make_scorer(live_env)
-    with env.make("envs/savanna_sim.toml", world=str(world_dir)) as tool_env:
+    with env.make("savanna_sim", world=str(world_dir)) as tool_env:
         tool_env.reward = object()
         with pytest.raises(TypeError, match=r"env.reward \(object\) has no ascore"):
             scoring.make_scorer(tool_env)

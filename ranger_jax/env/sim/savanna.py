@@ -163,7 +163,7 @@ def evaluate(world_dir: str | Path, policy: str | Agent, *, env_name: str = "off
     Args:
         world_dir: a world built by `ranger_jax.env.sim.build`.
         policy: a key of POLICIES, a callable `act(state) -> str`, or an object with that `act` method.
-        env_name: "offline" or an environment file such as `envs/savanna_sim.toml`.
+        env_name: "offline", a shipped environment such as `"savanna_sim"`, or an environment file.
         limit: run only the first `limit` tasks.
         progress: show a tqdm bar with the running search score.
         **env_options: passed to `env.make` (e.g. `max_turns=5`), over a built-in agent's own (`POLICY_ENV`).
