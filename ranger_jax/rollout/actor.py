@@ -1,8 +1,8 @@
 """The rollout actor: run a policy on an environment's tasks, score the episodes, write trajectory shards.
 
-    python -m ranger_jax.rollout.actor --env savanna_sim --world /data/world --policy expert \\
+    python -m ranger_jax.rollout.actor --env envs/savanna_sim.toml --world /data/world --policy expert \\
         --tokenizer /ckpt/qwen3-vl-8b --group-size 6 --out /data/shards/step0000
-    python -m ranger_jax.rollout.actor --env savanna_sim --world /data/world --policy sglang \\
+    python -m ranger_jax.rollout.actor --env envs/savanna_sim.toml --world /data/world --policy sglang \\
         --sglang-url http://10.0.0.5:30000 --tokenizer /ckpt/latest --out /data/shards/step0012
 
 Policies (`POLICIES`): `expert` / `naive` (the offline world's scripted agents; SFT data), `jax` (the in-process
@@ -15,7 +15,7 @@ decoupled process (`rollout.decoupled`): round after round over its tasks, loadi
 publishes to `--weights-dir` between rounds, until `--max-rounds`, the stop file (default `<weights-dir>/STOP`) or
 SIGTERM, appending one line of metrics per round to `--metrics`:
 
-    python -m ranger_jax.rollout.actor --env savanna_sim --world /data/world --policy jax \\
+    python -m ranger_jax.rollout.actor --env envs/savanna_sim.toml --world /data/world --policy jax \\
         --weights-dir /data/run1/weights --out /data/run1/shards --prefix actor0 --metrics /data/run1/a0.jsonl
 """
 
@@ -38,6 +38,7 @@ from typing import Any
 
 import tqdm
 
+from ranger_jax import data as data_lib
 from ranger_jax import env as env_lib
 from ranger_jax import fileio
 from ranger_jax.clients import chat, sglang
@@ -193,36 +194,6 @@ def run_actor(tool_env: env_lib.ToolEnv, policy: policy_lib.Policy, tasks: Seque
                                   progress=progress))
 
 
-def load_task_file(path: str | os.PathLike) -> list[core.Task]:
-    """Tasks from a JSONL file of `{"id", "prompt", "gt_image"?, "meta"?, "today"?}` rows (KnowGen-Bench items).
-
-    A relative `gt_image` (or legacy `gen_image`) path resolves against the file's folder, as KnowGen resolves
-    its image paths against its JSON's folder; URLs and absolute paths are kept as they are.
-
-    Raises:
-        ValueError: a row that is not an object or lacks `id`/`prompt`, naming the file and line.
-    """
-    tasks = []
-    for number, line in enumerate(Path(path).read_text("utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError as err:
-            raise ValueError(f"{path}:{number}: not JSON ({err})") from err
-        if not isinstance(row, dict) or "id" not in row or not isinstance(row.get("prompt"), str):
-            raise ValueError(f"{path}:{number}: a task row needs 'id' and a string 'prompt'")
-        metadata = dict(row.get("meta") or {})
-        if row.get("today"):
-            metadata["today"] = row["today"]
-        truth = row.get("gt_image", row.get("gen_image"))
-        if isinstance(truth, str) and truth.strip() and "://" not in truth and not truth.startswith("data:") \
-                and not Path(truth).is_absolute():
-            truth = str(Path(path).parent / truth)
-        tasks.append(core.Task(str(row["id"]), row["prompt"], ground_truth=truth, metadata=metadata))
-    return tasks
-
-
 def write_tiny_checkpoint(path: str | os.PathLike, tokenizer_dir: str | os.PathLike, *, seed: int = 0) -> Path:
     """A random `Qwen3VLConfig.tiny()` checkpoint sized to a tokenizer (vocabulary and special ids), with the
     tokenizer files copied in: "the tiny policy" for smoke runs and benchmarks.
@@ -270,10 +241,11 @@ def _mesh_shape(text: str | None) -> tuple[int, int, int] | None:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--env", required=True, help="environment: a shipped one (savanna_sim, savanna_live, "
-                                                "knowgen_live), a .toml environment file, or a backend name")
+    p.add_argument("--env", required=True, help="environment file (envs/*.toml) or backend name")
     p.add_argument("--world", help="offline world folder (offline backend, sim rewards, scripted policies)")
-    p.add_argument("--tasks", help="JSONL task file (default: the world's tasks)")
+    p.add_argument("--tasks", help="task file in any format data.load_tasks reads: Gen-Searcher rl_data.json "
+                                   "or its registered parquet, KnowGen-Bench (JSON or JSONL), the SFT file or "
+                                   "dataset_info.json[#entry], task JSONL (default: the world's tasks)")
     p.add_argument("--limit", type=int, help="run only the first N tasks")
     p.add_argument("--policy", required=True, choices=sorted(POLICIES))
     p.add_argument("--out", required=True, help="folder for trajectory shards")
@@ -329,7 +301,7 @@ def main(argv: Sequence[str] | None = None) -> ActorSummary | decoupled.RoundsSu
     stop_file = args.stop_file or (str(Path(args.weights_dir) / decoupled.STOP_FILE) if args.weights_dir else None)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     world = world_lib.load_world(args.world) if args.world else None
-    tasks = load_task_file(args.tasks) if args.tasks else (world_lib.load_tasks(args.world) if args.world else [])
+    tasks = data_lib.load_tasks(args.tasks) if args.tasks else (world_lib.load_tasks(args.world) if args.world else [])
     if not tasks:
         raise SystemExit("no tasks: pass --world (its tasks.jsonl) or --tasks FILE.jsonl")
     tasks = tasks[:args.limit]

@@ -48,7 +48,7 @@ def test_actor_shards_round_trip(tmp_path, sim_env, tasks, the_world, qwen_rende
 
 
 def cli_args(world_dir, out, *extra):
-    return ["--env", "savanna_sim", "--world", str(world_dir), "--policy", "expert",
+    return ["--env", "envs/savanna_sim.toml", "--world", str(world_dir), "--policy", "expert",
             "--tokenizer", str(qwen3_tokenizer_dir()), "--out", str(out), "--max-pixels", "40000", "--quiet", *extra]
 
 
@@ -105,17 +105,3 @@ def test_build_policy(tiny_checkpoint, tiny_renderer, the_world, sim_env):
         actor.build_policy("harness", actor.PolicyOptions(tokenizer=tiny_renderer.tokenizer))
 
 
-def test_load_task_file(tmp_path):
-    path = tmp_path / "tasks.jsonl"
-    path.write_text('{"id": 7, "prompt": "Draw it", "gt_image": "gt/7.png", "meta": {"category": "Biology"}}\n\n'
-                    '{"id": "b", "prompt": "Again", "today": "2026-01-02"}\n'
-                    '{"id": "c", "prompt": "Web", "gen_image": "https://x.example/c.png"}\n'
-                    '{"id": "d", "prompt": "Abs", "gt_image": "/data/d.png"}\n')
-    first, second, web, absolute = actor.load_task_file(path)
-    # a relative GT path resolves against the task file's folder, whatever the working directory
-    assert (first.id, first.ground_truth, first.metadata) == ("7", str(tmp_path / "gt/7.png"), {"category": "Biology"})
-    assert second.metadata == {"today": "2026-01-02"} and second.ground_truth is None
-    assert (web.ground_truth, absolute.ground_truth) == ("https://x.example/c.png", "/data/d.png")
-    path.write_text('{"prompt": "no id"}\n')
-    with pytest.raises(ValueError, match=r"tasks.jsonl:1: a task row needs 'id' and a string 'prompt'"):
-        actor.load_task_file(path)
