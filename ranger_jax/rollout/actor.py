@@ -1,8 +1,8 @@
 """The rollout actor: run a policy on an environment's tasks, score the episodes, write trajectory shards.
 
-    python -m ranger_jax.rollout.actor --env envs/savanna_sim.toml --world /data/world --policy expert \\
+    python -m ranger_jax.rollout.actor --env savanna_sim --world /data/world --policy expert \\
         --tokenizer /ckpt/qwen3-vl-8b --group-size 6 --out /data/shards/step0000
-    python -m ranger_jax.rollout.actor --env envs/savanna_sim.toml --world /data/world --policy sglang \\
+    python -m ranger_jax.rollout.actor --env savanna_sim --world /data/world --policy sglang \\
         --sglang-url http://10.0.0.5:30000 --tokenizer /ckpt/latest --out /data/shards/step0012
 
 Policies (`POLICIES`): `expert` / `naive` (the offline world's scripted agents; SFT data), `jax` (the in-process
@@ -15,7 +15,7 @@ decoupled process (`rollout.decoupled`): round after round over its tasks, loadi
 publishes to `--weights-dir` between rounds, until `--max-rounds`, the stop file (default `<weights-dir>/STOP`) or
 SIGTERM, appending one line of metrics per round to `--metrics`:
 
-    python -m ranger_jax.rollout.actor --env envs/savanna_sim.toml --world /data/world --policy jax \\
+    python -m ranger_jax.rollout.actor --env savanna_sim --world /data/world --policy jax \\
         --weights-dir /data/run1/weights --out /data/run1/shards --prefix actor0 --metrics /data/run1/a0.jsonl
 """
 
@@ -241,7 +241,8 @@ def _mesh_shape(text: str | None) -> tuple[int, int, int] | None:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--env", required=True, help="environment file (envs/*.toml) or backend name")
+    p.add_argument("--env", required=True, help="environment: a shipped one (savanna_sim, savanna_live, "
+                                                "knowgen_live), a .toml environment file, or a backend name")
     p.add_argument("--world", help="offline world folder (offline backend, sim rewards, scripted policies)")
     p.add_argument("--tasks", help="task file in any format data.load_tasks reads: Gen-Searcher rl_data.json "
                                    "or its registered parquet, KnowGen-Bench (JSON or JSONL), the SFT file or "

@@ -48,7 +48,7 @@ def test_actor_shards_round_trip(tmp_path, sim_env, tasks, the_world, qwen_rende
 
 
 def cli_args(world_dir, out, *extra):
-    return ["--env", "envs/savanna_sim.toml", "--world", str(world_dir), "--policy", "expert",
+    return ["--env", "savanna_sim", "--world", str(world_dir), "--policy", "expert",
             "--tokenizer", str(qwen3_tokenizer_dir()), "--out", str(out), "--max-pixels", "40000", "--quiet", *extra]
 
 
