@@ -3,11 +3,20 @@
 Policy: retry `httpx.TransportError` (timeouts included), 408, 429 and 5xx; honour
 `Retry-After` up to a cap, otherwise back off `0.5·2ⁿ` seconds capped at 8 s with full jitter; re-raise
 anything else at once. A non-idempotent request reuses one idempotency key across its retries.
+
+Each service can state its own rules as a `RetryPolicy`: how many retries, which statuses, and whether its
+requests are idempotent. A service that cannot cancel work it has accepted (an image generator that queues a job
+on a GPU) is not idempotent: a request whose fate is unknown — sent, then a read timeout or a dropped connection —
+is never sent again (a second copy would queue a second job); only failures before anything was sent (connect
+errors, a full connection pool) and the statuses the policy names are retried. The final error records how many
+tries were made (`attempts`) and, for a transport failure, whether the server may still be running the request
+(`may_have_run`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import email.utils
 import itertools
 import json
@@ -41,12 +50,13 @@ class ClientError(Exception):
 
 
 class StatusError(ClientError):
-    """The server answered with a non-success status."""
+    """The server answered with a non-success status (`attempts`: tries made, retries included)."""
 
     def __init__(self, status: int, url: str, body: str):
         self.status = status
         self.url = url
         self.body = body
+        self.attempts = 1
         super().__init__(f"HTTP {status} from {url}: {body[:500]}")
 
 
@@ -55,11 +65,20 @@ class RateLimited(StatusError):
 
 
 class TransportFailed(ClientError):
-    """No HTTP answer at all (connect error, timeout, broken stream) after all retries."""
+    """No HTTP answer at all (connect error, timeout, broken stream) after all retries.
 
-    def __init__(self, url: str, reason: str):
+    Attributes:
+        url / reason: where it went and what failed.
+        may_have_run: the request may have reached the server, which may still be working on it (a read or write
+            timeout, a dropped connection); False when nothing was sent (connect failure, full pool).
+        attempts: tries made, retries included.
+    """
+
+    def __init__(self, url: str, reason: str, *, may_have_run: bool = False, attempts: int = 1):
         self.url = url
         self.reason = reason
+        self.may_have_run = may_have_run
+        self.attempts = attempts
         super().__init__(f"request to {url} failed: {reason}")
 
 
@@ -73,8 +92,47 @@ class ResponseFormatError(ClientError):
 
 
 def is_retryable_status(status: int) -> bool:
-    """Whether an HTTP status is retried: 408, 429 and 5xx."""
+    """Whether an HTTP status is retried by default: 408, 429 and 5xx."""
     return status in RETRYABLE_STATUS or 500 <= status <= 599
+
+
+# failures raised before the request left: retrying them can never run a request twice
+_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
+
+
+def was_sent(error: httpx.TransportError) -> bool:
+    """Whether a transport failure may have happened after the request reached the server."""
+    return not isinstance(error, _NOT_SENT)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RetryPolicy:
+    """How one service's requests are retried (see the module docstring).
+
+    Attributes:
+        max_retries: retries after the first try.
+        retry_status: the HTTP statuses retried; None means 408, 429 and 5xx.
+        idempotent: sending a request twice is harmless. When False, a transport failure after the request may
+            have reached the server (`was_sent`) is raised at once, never retried.
+    """
+
+    max_retries: int = DEFAULT_MAX_RETRIES
+    retry_status: frozenset[int] | None = None
+    idempotent: bool = True
+
+    def __post_init__(self):
+        if isinstance(self.max_retries, bool) or not isinstance(self.max_retries, int) or self.max_retries < 0:
+            raise ValueError(f"RetryPolicy.max_retries must be an int >= 0, got {self.max_retries!r}")
+        if self.retry_status is not None:
+            object.__setattr__(self, "retry_status", frozenset(int(s) for s in self.retry_status))
+
+    def retries_status(self, status: int) -> bool:
+        """Whether a response with this status is tried again."""
+        return is_retryable_status(status) if self.retry_status is None else status in self.retry_status
+
+    def retries_error(self, error: httpx.TransportError) -> bool:
+        """Whether a request that failed with this transport error is tried again."""
+        return self.idempotent or not was_sent(error)
 
 
 def parse_retry_after(value: str | None) -> float | None:
@@ -119,17 +177,20 @@ def _with_idempotency_key(method: str, headers: dict[str, str] | None) -> dict[s
     return headers
 
 
-def _next_delay(method: str, url: str, attempt: int, max_retries: int, *,
+def _next_delay(method: str, url: str, attempt: int, policy: RetryPolicy, *,
                 response: httpx.Response | None = None, error: httpx.TransportError | None = None) -> float:
     """Seconds to wait before the next try after a failed `attempt`, or raises the final error."""
     if error is not None:
-        if attempt >= max_retries:
-            raise TransportFailed(url, f"{type(error).__name__}: {error}") from error
+        if attempt >= policy.max_retries or not policy.retries_error(error):
+            reason = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+            raise TransportFailed(url, reason, may_have_run=was_sent(error), attempts=attempt + 1) from error
         delay, why = retry_delay(attempt), type(error).__name__
     else:
         assert response is not None
-        if not is_retryable_status(response.status_code) or attempt >= max_retries:
-            raise _error_for(response)
+        if not policy.retries_status(response.status_code) or attempt >= policy.max_retries:
+            failure = _error_for(response)
+            failure.attempts = attempt + 1
+            raise failure
         delay, why = retry_delay(attempt, response.headers.get("Retry-After")), f"HTTP {response.status_code}"
     log.debug("retrying %s %s after %s (%.2fs)", method, url, why, delay)
     return delay
@@ -141,25 +202,32 @@ async def arequest_with_retries(
     url: str,
     *,
     max_retries: int = DEFAULT_MAX_RETRIES,
+    retry: RetryPolicy | None = None,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     **kwargs,
 ) -> httpx.Response:
     """Sends one request through `client`, retrying per the module policy; returns a 2xx response.
 
+    Args:
+        max_retries: retries under the default policy (ignored when `retry` is given).
+        retry: the service's own policy (statuses, idempotency, retries).
+
     Raises:
-        StatusError / RateLimited: a non-retryable status, or a retryable one after `max_retries` retries.
-        TransportFailed: no answer after `max_retries` retries.
+        StatusError / RateLimited: a status that is not retried, or a retried one after the last retry.
+        TransportFailed: no answer after the last retry, or at once for a non-idempotent request that may have
+            reached the server.
     """
+    policy = retry if retry is not None else RetryPolicy(max_retries=max_retries)
     kwargs["headers"] = _with_idempotency_key(method, kwargs.get("headers"))
     for attempt in itertools.count():
         try:
             response = await client.request(method, url, **kwargs)
         except httpx.TransportError as err:
-            await sleep(_next_delay(method, url, attempt, max_retries, error=err))
+            await sleep(_next_delay(method, url, attempt, policy, error=err))
             continue
         if response.is_success:
             return response
-        await sleep(_next_delay(method, url, attempt, max_retries, response=response))
+        await sleep(_next_delay(method, url, attempt, policy, response=response))
     raise AssertionError("unreachable")
 
 
@@ -221,6 +289,7 @@ class Session:
         max_retries: retries after the first try (module policy).
         max_concurrency: requests in flight at once through this session (None: no limit but the pool).
         headers: sent with every request (e.g. `Authorization`).
+        retry: the service's own retry policy (statuses, idempotency); replaces `max_retries` when given.
     """
 
     def __init__(
@@ -231,6 +300,7 @@ class Session:
         max_retries: int = DEFAULT_MAX_RETRIES,
         max_concurrency: int | None = None,
         headers: Mapping[str, str] | None = None,
+        retry: RetryPolicy | None = None,
     ):
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url must start with http:// or https://, got {base_url!r}")
@@ -240,7 +310,8 @@ class Session:
             raise ValueError(f"max_concurrency must be >= 1 or None, got {max_concurrency}")
         self.base_url = base_url.rstrip("/")
         self.timeout = as_timeout(timeout)
-        self.max_retries = max_retries
+        self.retry = retry if retry is not None else RetryPolicy(max_retries=max_retries)
+        self.max_retries = self.retry.max_retries
         self.max_concurrency = max_concurrency
         self.headers = dict(headers or {})
         self._limits = httpx.Limits(max_connections=max(max_concurrency or 0, DEFAULT_MAX_CONNECTIONS))
@@ -293,12 +364,12 @@ class Session:
             StatusError / RateLimited / TransportFailed: as `arequest_with_retries`.
         """
         options = self._options(json, data, files, params, headers, timeout)
-        retries = self.max_retries if max_retries is None else max_retries
+        policy = self.retry if max_retries is None else dataclasses.replace(self.retry, max_retries=max_retries)
         client, slots = self._async_client()
         if slots is None:
-            return await arequest_with_retries(client, method, self.url(path), max_retries=retries, **options)
+            return await arequest_with_retries(client, method, self.url(path), retry=policy, **options)
         async with slots:
-            return await arequest_with_retries(client, method, self.url(path), max_retries=retries, **options)
+            return await arequest_with_retries(client, method, self.url(path), retry=policy, **options)
 
     def request(
         self,

@@ -7,6 +7,14 @@ instead of losing it. Bad arguments are reported the same way. The output is alw
 Wire formats: sglang 0.5.23's diffusion server (`/v1/images/generations` takes JSON, `/v1/images/edits` takes
 multipart form data with the references as `url` fields) and Gen-Searcher's image-edit service
 (`qwen-image-edit/api.py`: one JSON `/generate` with base64 references).
+
+Each generator takes its service's `http.RetryPolicy`. Gen-Searcher's service cannot cancel a request it has
+accepted: it queues it until a GPU is free (up to 6000 s, then 503 "All GPUs are busy"), runs it (up to 1800 s, then
+504 "Inference timeout", taking that GPU out of rotation while the work goes on), and answers 400 for a reference it
+cannot read. So its requests are not idempotent: the client waits longer than the service's own limits, never sends a
+request again after a read timeout or a dropped connection (a second copy would queue a second job), retries only
+429, 503 (nothing ran) and failures to connect, and records the status, the tries and whether the request may still
+be running in the result's `request` facts.
 """
 
 from __future__ import annotations
@@ -27,6 +35,17 @@ from ranger_jax.clients import http, media
 
 DEFAULT_TIMEOUT = httpx.Timeout(1800.0, connect=5.0)  # Gen-Searcher's inference timeout
 DEFAULT_MAX_RETRIES = 2
+GEN_SEARCHER_GPU_WAIT_S = 6000.0  # the service's GPU_WAIT_TIMEOUT: queued this long, a request gets 503
+GEN_SEARCHER_INFER_S = 1800.0  # its INFER_TIMEOUT: inference running longer gets 504
+# wait for the service's own verdict: a shorter read timeout abandons a request that will still run
+GEN_SEARCHER_TIMEOUT = httpx.Timeout(GEN_SEARCHER_GPU_WAIT_S + GEN_SEARCHER_INFER_S + 60.0, connect=5.0)
+GEN_SEARCHER_RETRY = http.RetryPolicy(max_retries=DEFAULT_MAX_RETRIES, retry_status=frozenset({429, 503}),
+                                      idempotent=False)
+GEN_SEARCHER_STATUS = {  # what the service's error statuses mean (qwen-image-edit/api.py)
+    400: "the service could not load a reference image",
+    503: "no GPU came free within the service's GPU-wait limit; nothing ran",
+    504: "inference outlasted the service's limit; it took that GPU out of rotation and cannot stop the work",
+}
 DEFAULT_MAX_CONCURRENCY = 20  # Gen-Searcher's GEN_API_CONCURRENCY default
 MAX_REFERENCES = 3  # MAX_REF_IMAGES_FOR_QWEN: the reward path sends the first 3 refs
 URL_PREFIXES = ("http://", "https://", "data:")
@@ -100,6 +119,24 @@ def _describe(err: Exception) -> str:
     return f"{type(err).__name__}: {err}"
 
 
+def record_failure(err: http.ClientError, facts: dict[str, Any],
+                   meanings: Mapping[int, str] | None = None) -> str:
+    """The error text of a failed call, with what happened recorded in `facts`: the HTTP `status`, the
+    `attempts` made, and for a transport failure whether the request `may_still_run` on the server."""
+    text = _describe(err)
+    if isinstance(err, (http.StatusError, http.TransportFailed)):
+        facts["attempts"] = err.attempts
+    if isinstance(err, http.StatusError):
+        facts["status"] = err.status
+        meaning = (meanings or {}).get(err.status)
+        return f"{text} ({meaning})" if meaning else text
+    if isinstance(err, http.TransportFailed):
+        facts["may_still_run"] = err.may_have_run
+        if err.may_have_run:
+            return f"{text}; not sent again: the request may still be queued or running on the server"
+    return text
+
+
 def _png_result(payload: str, start: float, request: Mapping[str, Any], url: str) -> GenerationResult:
     """A successful result from a base64 image payload, re-encoded as PNG; a bad payload is a failure."""
     try:
@@ -126,6 +163,7 @@ class SGLangImageGenerator:
         size: default `"WxH"`; None lets the server choose.
         max_references: references beyond this count are dropped (recorded in `request`).
         timeout, max_retries, max_concurrency, api_key: transport settings.
+        retry: the service's retry policy (replaces `max_retries` when given).
     """
 
     def __init__(self, base_url: str, *, model: str | None = None, seed: int = 0, num_inference_steps: int = 40,
@@ -133,7 +171,7 @@ class SGLangImageGenerator:
                  negative_prompt: str | None = " ", size: str | None = "1024x1024",
                  max_references: int = MAX_REFERENCES, timeout: float | httpx.Timeout = DEFAULT_TIMEOUT,
                  max_retries: int = DEFAULT_MAX_RETRIES, max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
-                 api_key: str | None = None):
+                 api_key: str | None = None, retry: http.RetryPolicy | None = None):
         if num_inference_steps < 1:
             raise ValueError(f"num_inference_steps must be >= 1, got {num_inference_steps}")
         if max_references < 1:
@@ -142,7 +180,7 @@ class SGLangImageGenerator:
             parse_size(size)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.session = http.Session(base_url, timeout=timeout, max_retries=max_retries,
-                                    max_concurrency=max_concurrency, headers=headers)
+                                    max_concurrency=max_concurrency, headers=headers, retry=retry)
         self.model, self.seed, self.size = model, seed, size
         self.num_inference_steps, self.true_cfg_scale = num_inference_steps, true_cfg_scale
         self.guidance_scale, self.negative_prompt = guidance_scale, negative_prompt
@@ -203,7 +241,7 @@ class SGLangImageGenerator:
         try:
             response = await self.session.arequest("POST", path, **options)
         except http.ClientError as err:
-            return _failure(_describe(err), start, facts)
+            return _failure(record_failure(err, facts), start, facts)
         return self._read(response, start, facts)
 
     def generate(self, prompt: str, references: Sequence[media.ImageLike] = (), *, seed: int | None = None,
@@ -233,20 +271,24 @@ class GenSearcherGenerator:
             (Gen-Searcher: 0, 40, 4.0, 1.0, " ").
         max_references: first N references are sent (3 in Gen-Searcher).
         max_concurrency / max_per_url: global and per-URL in-flight limits (20 and 8 in Gen-Searcher).
-        timeout, max_retries: transport settings.
+        timeout: per request; the default outlasts the service's GPU wait plus its inference limit, so its own
+            503/504 arrive instead of a client timeout that would leave the job running.
+        retry: the service's retry policy (default `GEN_SEARCHER_RETRY`: not idempotent, retries 429 and 503).
+        max_retries: shorthand that changes only the policy's retry count.
     """
 
     def __init__(self, base_urls: str | Sequence[str], *, seed: int = 0, num_inference_steps: int = 40,
                  true_cfg_scale: float = 4.0, guidance_scale: float = 1.0, negative_prompt: str = " ",
                  max_references: int = MAX_REFERENCES, max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
-                 max_per_url: int = 8, timeout: float | httpx.Timeout = DEFAULT_TIMEOUT,
-                 max_retries: int = DEFAULT_MAX_RETRIES):
+                 max_per_url: int = 8, timeout: float | httpx.Timeout = GEN_SEARCHER_TIMEOUT,
+                 retry: http.RetryPolicy = GEN_SEARCHER_RETRY, max_retries: int | None = None):
         urls = [base_urls] if isinstance(base_urls, str) else list(base_urls)
         if not urls:
             raise ValueError("GenSearcherGenerator needs at least one base URL")
         if max_per_url < 1 or max_concurrency < 1:
             raise ValueError(f"max_per_url and max_concurrency must be >= 1, got {max_per_url}, {max_concurrency}")
-        self.sessions = [http.Session(u, timeout=timeout, max_retries=max_retries, max_concurrency=max_per_url)
+        self.retry = retry if max_retries is None else dataclasses.replace(retry, max_retries=max_retries)
+        self.sessions = [http.Session(u, timeout=timeout, max_concurrency=max_per_url, retry=self.retry)
                          for u in urls]
         self.seed, self.num_inference_steps, self.true_cfg_scale = seed, num_inference_steps, true_cfg_scale
         self.guidance_scale, self.negative_prompt, self.max_references = guidance_scale, negative_prompt, max_references
@@ -323,7 +365,7 @@ class GenSearcherGenerator:
             try:
                 response = await self.sessions[index].arequest("POST", "generate", json=body)
             except http.ClientError as err:
-                return _failure(_describe(err), start, facts)
+                return _failure(record_failure(err, facts, GEN_SEARCHER_STATUS), start, facts)
             finally:
                 self._release_url(index)
         return self._read(response, start, facts)

@@ -184,3 +184,43 @@ def test_retry_loop_keeps_one_client_across_calls(server):
             return ok
 
     assert asyncio.run(run()).json() == {"echo": {"b": 2}} and calls() == 5
+
+
+def test_non_idempotent_policy_never_resends_after_a_read_timeout(server):
+    """A service that cannot cancel: the slow request is sent once, and the error says it may still run."""
+    policy = http.RetryPolicy(max_retries=3, idempotent=False)
+    calls = count_delta(server, "GET", "/slow")
+    with pytest.raises(http.TransportFailed, match="ReadTimeout") as info:
+        retried("GET", f"{server.url}/slow", client_timeout=httpx.Timeout(0.2, connect=1.0), retry=policy,
+                sleep=no_sleep)
+    time.sleep(1.0)  # let the server finish the one request it got
+    assert calls() == 1 and info.value.may_have_run and info.value.attempts == 1
+    # the default (idempotent) policy sends it again
+    calls = count_delta(server, "GET", "/slow")
+    with pytest.raises(http.TransportFailed) as info:
+        retried("GET", f"{server.url}/slow", client_timeout=httpx.Timeout(0.2, connect=1.0), max_retries=1,
+                sleep=no_sleep)
+    time.sleep(1.0)
+    assert calls() == 2 and info.value.attempts == 2
+
+
+def test_non_idempotent_policy_retries_what_never_reached_the_server(server):
+    policy = http.RetryPolicy(max_retries=2, retry_status=frozenset({503}), idempotent=False)
+    url = f"http://127.0.0.1:{closed_port()}/x"
+    with pytest.raises(http.TransportFailed, match="ConnectError") as info:
+        retried("POST", url, retry=policy, sleep=no_sleep, json={})
+    assert info.value.attempts == 3 and not info.value.may_have_run
+    # only the statuses the policy names are retried: 503 is, 500 and 504 are not
+    server.fail_next("POST", "/ok", Reply(status=503, headers=NO_WAIT), Reply(status=500, headers=NO_WAIT))
+    calls = count_delta(server, "POST", "/ok")
+    with pytest.raises(http.StatusError, match="HTTP 500") as info:
+        retried("POST", f"{server.url}/ok", retry=policy, json={})
+    assert calls() == 2 and info.value.attempts == 2
+    session = http.Session(server.url, retry=policy)
+    server.fail_next("POST", "/ok", Reply(status=504, body=b'{"detail": "Inference timeout"}'))
+    with pytest.raises(http.StatusError, match="HTTP 504") as info:
+        session.request("POST", "ok", json={})
+    assert info.value.attempts == 1 and session.max_retries == 2
+    session.close()
+    with pytest.raises(ValueError, match="RetryPolicy.max_retries must be an int >= 0, got -1"):
+        http.RetryPolicy(max_retries=-1)

@@ -240,3 +240,44 @@ def test_constructor_errors():
         images.GenSearcherGenerator("http://x", max_per_url=0)
     with pytest.raises(ValueError, match="max_references must be >= 1, got 0"):
         compositor.CompositorGenerator(max_references=0)
+
+
+def test_gen_searcher_statuses_and_timeouts_are_recorded_not_resent():
+    """The service's 400/503/504 and a client timeout: what is retried, and what the result records."""
+    service, ref = GenSearcherService(), [Image.new("RGB", (2, 2), "green")]
+    busy = Reply.json({"detail": "All GPUs are busy (wait timeout)"}, status=503, headers=NO_WAIT)
+    with LoopbackServer() as s:
+        s.route("POST", "/generate", service)
+        generator = images.GenSearcherGenerator(s.url)
+        assert not generator.retry.idempotent and generator.retry.max_retries == 2
+
+        s.fail_next("POST", "/generate", Reply.json({"detail": "cannot identify image file"}, status=400))
+        before = s.count()
+        result = generator.generate("x", ref)
+        assert s.count() - before == 1 and not result.ok
+        assert result.error.endswith("cannot identify image file (the service could not load a reference image)")
+        assert (result.request["status"], result.request["attempts"]) == (400, 1)
+
+        s.fail_next("POST", "/generate", busy)  # nothing ran: sent again, and the second try succeeds
+        before = s.count()
+        assert generator.generate("x", ref).ok and s.count() - before == 2
+
+        s.fail_next("POST", "/generate", busy, busy, busy)
+        result = generator.generate("x", ref)
+        assert not result.ok and "All GPUs are busy (wait timeout) (no GPU came free" in result.error
+        assert (result.request["status"], result.request["attempts"]) == (503, 3)
+
+        s.fail_next("POST", "/generate", Reply.json({"detail": "Inference timeout"}, status=504))
+        before = s.count()
+        result = generator.generate("x", ref)
+        assert s.count() - before == 1 and "cannot stop the work" in result.error
+        assert (result.request["status"], result.request["attempts"]) == (504, 1)
+
+        slow = images.GenSearcherGenerator(s.url, timeout=0.3)
+        s.fail_next("POST", "/generate", Reply.json({"success": True, "image": b64_png("red")}, delay_s=1.0))
+        before = s.count()
+        result = slow.generate("x", ref)
+        time.sleep(1.0)  # the service is still working on it; it must have been sent once
+        assert s.count() - before == 1 and not result.ok and "ReadTimeout" in result.error
+        assert "not sent again: the request may still be queued or running" in result.error
+        assert result.request["may_still_run"] is True and result.request["attempts"] == 1
