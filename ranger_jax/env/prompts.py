@@ -23,12 +23,7 @@ Never put two tool calls, or a tool call and an answer, in one turn. Tool result
 <tool_response>...</tool_response>.
 
 # Working rules
-- Locate: text_search for names, dates, editions, credits and distinguishing details.
-- Corroborate: use image_search at least once. Look-alikes (earlier editions, other colourways, sibling products) \
-often rank first; check each candidate against several sources before you trust it.
-- Isolate: when the subject sits in a crowded photo, crop_image it with a normalised box [x0, y0, x1, y1] \
-(fractions 0-1 of width and height); the crop gets a new image id you can cite.
-- web_fetch reads a page when snippets are not enough.
+{tool_rules}
 - Budget: at most {max_tool_calls} tool calls in total; use as few as you can and never repeat a query.
 - Images are identified only by ids like IMG_007 (ids need not start at 001). Cite ids, never URLs or paths.
 - Answer: gen_prompt describes the picture to generate and refers to references as "the first reference image", \
@@ -36,6 +31,19 @@ often rank first; check each candidate against several sources before you trust 
 sorted by id, one per distinct subject, no duplicates.
 - A message saying FINAL STEP means: no more tools, output the <answer> now. A message saying RESPONSE TOO LONG \
 means: skip the thinking and output only the tool call or the answer."""
+
+# One working rule per tool, in this order; the prompt states only those of the enabled tools.
+TOOL_RULES = {
+    "text_search": "- Locate: text_search for names, dates, editions, credits and distinguishing details.",
+    "image_search": "- Corroborate: use image_search at least once. Look-alikes (earlier editions, other colourways, "
+                    "sibling products) often rank first; check each candidate against several sources before you "
+                    "trust it.",
+    "crop_image": "- Isolate: when the subject sits in a crowded photo, crop_image it with a normalised box "
+                  "[x0, y0, x1, y1] (fractions 0-1 of width and height); the crop gets a new image id you can cite.",
+    "web_fetch": "- web_fetch reads a page when snippets are not enough.",
+    "find_object": "- find_object finds the object matching a colour-and-pattern description in the images you have "
+                   "seen and crops it; the crop gets a new image id you can cite.",
+}
 
 _TOOLS_HEADER = """# Tools
 
@@ -90,8 +98,11 @@ def tool_block(schemas: list[dict[str, Any]]) -> str:
 
 
 def system_prompt(schemas: list[dict[str, Any]], *, today: dt.date, max_tool_calls: int, max_refs: int) -> str:
-    """The full system prompt: role, protocol rules, tool block and today's date."""
-    rules = _RULES.format(max_tool_calls=max_tool_calls, max_refs=max_refs)
+    """The full system prompt: role, protocol rules (a working rule for each tool in `schemas`, none for others),
+    tool block and today's date."""
+    names = {schema["function"]["name"] for schema in schemas}
+    tool_rules = "\n".join(rule for name, rule in TOOL_RULES.items() if name in names)
+    rules = _RULES.format(max_tool_calls=max_tool_calls, max_refs=max_refs, tool_rules=tool_rules)
     return f"{_ROLE}\n\n{rules}\n\n{tool_block(schemas)}\n\nToday's date: {today.isoformat()}"
 
 

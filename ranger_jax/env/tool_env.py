@@ -35,6 +35,7 @@ from ranger_jax import background
 from ranger_jax.clients import chat
 from ranger_jax.env import config as config_lib
 from ranger_jax.env import core, images, parsing, prompts, summarizer, tool_runner, tools
+from ranger_jax.env import info as info_lib
 from ranger_jax.env.backends import base
 
 log = logging.getLogger(__name__)
@@ -276,17 +277,22 @@ class ToolEnv:
             parsed = parsing.parse_tool_call(body)
         except parsing.FormatError as err:
             return self._format_error(state, str(err))
-        info: dict[str, Any] = {"tool": parsed.name, "arguments": parsed.arguments}
+        name = tools.ALIASES.get(parsed.name, parsed.name)  # info names the tool canonically (see env.info)
+        info: dict[str, Any] = {"tool": name if name in tools.ALL_TOOL_NAMES else parsed.name,
+                                "arguments": parsed.arguments, "error": None, "errors": []}
         if state.num_tool_calls >= self.config.max_tool_calls:
             state = dataclasses.replace(state, final_turn=True)
             text = prompts.tool_response(f"Tool call refused: all {self.config.max_tool_calls} tool calls are used.")
-            return self._reply(state, f"{text}\n\n{prompts.FINAL_STEP}", info={**info, "error": "budget"})
+            return self._reply(state, f"{text}\n\n{prompts.FINAL_STEP}",
+                               info={**info, "error": "budget", "errors": ["budget"]})
         try:
             call = tools.check_call(parsed, enabled=self.config.tools, today=state.today,
                                     max_queries=self.config.max_queries, max_images=self.config.max_images_per_turn,
                                     news=self.runner.has_news)
         except tools.ArgumentError as err:
-            return self._reply(state, prompts.tool_response(f"Error: {err}"), info={**info, "error": "arguments"})
+            kind = "unknown_tool" if isinstance(err, tools.UnknownTool) else "arguments"
+            return self._reply(state, prompts.tool_response(f"Error: {err}"),
+                               info={**info, "error": kind, "errors": [kind]})
         ledger = tool_runner.Ledger(dict(state.images), dict(state.image_keys), state.next_image_index)
         try:
             result = await self.runner.run(call, ledger)
@@ -295,7 +301,7 @@ class ToolEnv:
             ledger = tool_runner.Ledger(dict(state.images), dict(state.image_keys), state.next_image_index)
             result = tool_runner.ToolResult(body=f"The tool failed with an internal error ({type(err).__name__}: "
                                                  f"{err}). Try again or use another tool.",
-                                            info={"tool": parsed.name, "error": "internal"})
+                                            info={"error": "internal", "errors": ["internal"]})
         state = dataclasses.replace(state, num_tool_calls=state.num_tool_calls + 1,
                                     images=core.FrozenDict(ledger.images), image_keys=core.FrozenDict(ledger.keys),
                                     next_image_index=ledger.next_index)
@@ -306,12 +312,13 @@ class ToolEnv:
         return self._reply(state, text, shown=result.shown, info={**info, **result.info})
 
     def _format_error(self, state: EnvState, problem: str) -> tuple[EnvState, core.Observation]:
-        return self._reply(state, prompts.invalid_format(problem), info={"error": "format", "problem": problem})
+        return self._reply(state, prompts.invalid_format(problem),
+                           info={"error": "format", "errors": ["format"], "problem": problem})
 
     def _reply(self, state: EnvState, text: str, *, shown: tuple[str, ...] = (), info: dict[str, Any] | None = None
                ) -> tuple[EnvState, core.Observation]:
         """Continues the episode with a user message, entering the final turn when the turns run out."""
-        info = dict(info or {})
+        info = {"error": None, **(info or {})}
         text = prompts.renderable(text)  # tool output is web text: it may spell special tokens
         if not state.final_turn and state.num_turns >= self.config.max_turns:
             if not self.config.final_answer_turn:
@@ -324,7 +331,7 @@ class ToolEnv:
                                                                       state.images[img_id].sha256))
                          for img_id in shown)
         info["final_turn"] = state.final_turn
-        return state, core.Observation(text=text, images=observed, info=info)
+        return state, core.Observation(text=text, images=observed, info=info_lib.json_safe(info))
 
     @staticmethod
     def _end(state: EnvState, termination: str, reason: str, *, info: dict[str, Any] | None = None
@@ -332,7 +339,7 @@ class ToolEnv:
         state = dataclasses.replace(state, done=True, termination=termination)
         info = {**(info or {}), "reason": reason}
         text = prompts.renderable(f"Episode over ({termination}): {reason}.")
-        return state, core.Observation(text=text, done=True, termination=termination, info=info)
+        return state, core.Observation(text=text, done=True, termination=termination, info=info_lib.json_safe(info))
 
     # ---- reward ------------------------------------------------------------------------------------------
 

@@ -1,8 +1,9 @@
 """Running checked tool calls against a backend and the image store, and writing their results for the policy.
 
 Every failure a tool can meet (backend errors, refused URLs, bad images, unknown ids, bad boxes) becomes text in
-the result; `run` never raises for them. Image ids come from the episode's `Ledger`, assigned in result order so
-an episode replays to the same ids.
+the result; `run` never raises for them. Each result's info reports `error` and `errors` with the failure kinds of
+`env.info.ERROR_KINDS`, the same kind for the same failure in every tool. Image ids come from the episode's
+`Ledger`, assigned in result order so an episode replays to the same ids.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 from ranger_jax.clients import http
 from ranger_jax.env import core, images, parsing, summarizer, tools
+from ranger_jax.env import info as info_lib
 from ranger_jax.env.backends import base
 
 log = logging.getLogger(__name__)
@@ -51,7 +53,11 @@ class Ledger:
 
 @dataclasses.dataclass(frozen=True)
 class ToolResult:
-    """What one tool call produced: text for `<tool_response>`, images to attach, facts for logging."""
+    """What one tool call produced: text for `<tool_response>`, images to attach, facts for logging.
+
+    `info` holds `error` (the failure kind that left the call without a result, or None) and `errors` (the kinds of
+    every failed part); `ToolRunner.run` fills them in when a tool sets only `error`.
+    """
 
     body: str
     shown: tuple[str, ...] = ()
@@ -135,6 +141,8 @@ class ToolRunner:
             result = self._crop(call, ledger)
         body = _clip(result.body, self.config.max_observation_chars)
         info = {**result.info, "latency_s": round(time.perf_counter() - start, 4)}
+        info.setdefault("error", None)
+        info.setdefault("errors", [info["error"]] if info["error"] else [])
         return ToolResult(body=body, shown=result.shown, info=info)
 
     async def _one_text_search(self, query: str, call: tools.TextSearch) -> tuple[str, str | None]:
@@ -146,21 +154,23 @@ class ToolRunner:
         except Exception as err:  # noqa: BLE001 — any failure is reported to the policy
             failure = _failure_text(err, f"text_search {query!r}")
             return f"--- search result for [{query}] ---\nSearch failed: {failure}\n--- end of search result ---", \
-                type(err).__name__
+                info_lib.error_kind(err)
         return _format_text_hits(query, list(hits)[: call.top_k], links=self.config.show_links), None
 
     async def _text_search(self, call: tools.TextSearch) -> ToolResult:
         outs = await asyncio.gather(*(self._one_text_search(q, call) for q in call.queries))
         errors = [e for _, e in outs if e]
         return ToolResult(body="\n\n".join(t for t, _ in outs),
-                          info={"tool": tools.TEXT_SEARCH, "queries": list(call.queries), "errors": errors})
+                          info={"tool": tools.TEXT_SEARCH, "queries": list(call.queries),
+                                "error": errors[0] if len(errors) == len(outs) else None, "errors": errors})
 
-    async def _download(self, hit: base.ImageHit) -> images.StoredImage | str:
+    async def _download(self, hit: base.ImageHit) -> images.StoredImage | tuple[str, str]:
+        """The stored image, or (what went wrong, its failure kind)."""
         try:
             fetched = await self.backend.fetch_image(hit.image_url, page_url=hit.page_url)
             return self.store.add(fetched.data, source=hit.image_url, trusted_file=fetched.trusted_file)
         except Exception as err:  # noqa: BLE001
-            return _failure_text(err, f"image download {hit.image_url}")
+            return _failure_text(err, f"image download {hit.image_url}"), info_lib.error_kind(err)
 
     async def _image_search(self, call: tools.ImageSearch, ledger: Ledger) -> ToolResult:
         info: dict[str, Any] = {"tool": tools.IMAGE_SEARCH, "query": call.query}
@@ -169,7 +179,7 @@ class ToolRunner:
             hits = await self.backend.image_search(call.query, top_k=min(2 * call.top_k, MAX_IMAGE_CANDIDATES),
                                                    tbs=call.tbs)
         except Exception as err:  # noqa: BLE001
-            info["error"] = type(err).__name__
+            info["error"] = info_lib.error_kind(err)
             failure = _failure_text(err, f"image_search {call.query!r}")
             return ToolResult(body=f"{header}\nImage search failed: {failure}\n{footer}", info=info)
         candidates, seen = [], set()
@@ -179,6 +189,7 @@ class ToolRunner:
                 candidates.append(hit)
         shown: list[core.ImageRecord] = []
         failures: list[str] = []
+        kinds: list[str] = []
         pos = 0
         while len(shown) < call.top_k and pos < len(candidates):
             batch = candidates[pos : pos + call.top_k - len(shown)]
@@ -188,8 +199,9 @@ class ToolRunner:
             fresh = iter(results)
             for hit in batch:
                 outcome = known.get(hit.image_url) or next(fresh)
-                if isinstance(outcome, str):
-                    failures.append(f"{hit.image_url}: {outcome}")
+                if isinstance(outcome, tuple):
+                    failures.append(f"{hit.image_url}: {outcome[0]}")
+                    kinds.append(outcome[1])
                 elif isinstance(outcome, core.ImageRecord):
                     shown.append(outcome)
                 else:
@@ -204,7 +216,8 @@ class ToolRunner:
         if failures:
             lines.append(f"({len(failures)} result(s) skipped: " + "; ".join(failures[:3]) + ")")
         lines.append(footer)
-        info.update(num_hits=len(hits), num_failed=len(failures), img_ids=[r.img_id for r in shown])
+        info.update(num_hits=len(hits), num_failed=len(failures), img_ids=[r.img_id for r in shown],
+                    error=kinds[0] if kinds and not shown else None, errors=kinds)
         return ToolResult(body="\n".join(lines), shown=tuple(r.img_id for r in shown), info=info)
 
     async def _read_one(self, url: str, prompt: str, limit: int) -> tuple[str, str | None]:
@@ -213,7 +226,7 @@ class ToolRunner:
             page = await self.backend.fetch_page(url)
         except Exception as err:  # noqa: BLE001
             failure = _failure_text(err, f"web_fetch {url}")
-            return f"{header}\nCould not read the page: {failure}\n{footer}", type(err).__name__
+            return f"{header}\nCould not read the page: {failure}\n{footer}", info_lib.error_kind(err)
         meta = f"title: {page.title or '(none)'}" + (f"\ndate: {page.date}" if page.date else "")
         if page.url != url:
             meta = f"final url: {page.url}\n{meta}"
@@ -232,7 +245,8 @@ class ToolRunner:
         outs = await asyncio.gather(*(self._read_one(u, call.prompt, limit) for u in call.urls))
         errors = [e for _, e in outs if e]
         return ToolResult(body="\n\n".join(t for t, _ in outs),
-                          info={"tool": tools.WEB_FETCH, "urls": list(call.urls), "errors": errors})
+                          info={"tool": tools.WEB_FETCH, "urls": list(call.urls),
+                                "error": errors[0] if len(errors) == len(outs) else None, "errors": errors})
 
     def _find_object(self, call: tools.FindObject, ledger: Ledger) -> ToolResult:
         """Finds the best match for the description in the episode's searched images and crops it."""
@@ -300,7 +314,7 @@ class ToolRunner:
             try:
                 stored = self.store.crop(parent.path, parent.sha256, box)
             except OSError as err:
-                info["error"] = type(err).__name__
+                info["error"] = "image_unreadable"
                 return ToolResult(body=f"Cannot crop {call.img_id}: the image file is unreadable ({err})", info=info)
         record = ledger.add(key, lambda img_id: core.ImageRecord(
             img_id=img_id, path=stored.path, sha256=stored.sha256, width=stored.width, height=stored.height,

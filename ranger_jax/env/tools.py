@@ -38,6 +38,10 @@ class ArgumentError(ValueError):
     """Tool arguments the policy got wrong; the message says what and how to fix it."""
 
 
+class UnknownTool(ArgumentError):
+    """A tool name that is neither a tool nor an alias of one enabled in this environment."""
+
+
 @dataclasses.dataclass(frozen=True)
 class TextSearch:
     """A checked `text_search` call: up to `max_queries` queries, `top_k` hits each."""
@@ -105,7 +109,8 @@ def tool_schemas(*, tools: tuple[str, ...] = TOOL_NAMES, max_queries: int = 3, m
         TEXT_SEARCH: ("Search the web. Returns titles, links, dates and snippets for each query.",
                       text_props, ["queries"]),
         IMAGE_SEARCH: (
-            "Search for images. Each shown image gets an id IMG_### that you can cite or crop.",
+            "Search for images. Each shown image gets an id IMG_### that you can cite"
+            + (" or crop." if CROP_IMAGE in tools else "."),
             {"query": {"type": "string", "description": "A short image query (a few words)."},
              "top_k": {"type": "integer", "minimum": 1, "maximum": max_images, "default": max_images,
                        "description": "Images to show."},
@@ -165,13 +170,19 @@ def _text(tool: str, key: str, value: Any) -> str:
 
 
 def _top_k(tool: str, value: Any, default: int, maximum: int) -> int:
+    """`top_k` checked to be a whole number in [1, maximum]; out of range is an error the policy reads, so it
+    learns the limit instead of getting silently fewer (or more) results than it asked for."""
     if value is None:
         return default
     if isinstance(value, float) and math.isfinite(value) and value == int(value):
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise ArgumentError(f"{tool}: 'top_k' must be a whole number; got {value!r}")
-    return min(max(value, 1), maximum)
+    if not 1 <= value <= maximum:
+        shown = value if abs(value) < 10**12 else f"a {'negative ' if value < 0 else ''}{value.bit_length()}-bit number"
+        raise ArgumentError(f"{tool}: 'top_k' must be between 1 and {maximum}; got {shown}. Ask for at most "
+                            f"{maximum} results.")
+    return value
 
 
 def _tbs(tool: str, args: dict[str, Any], today: dt.date) -> str | None:
@@ -215,11 +226,11 @@ def resolve_name(name: str, enabled: tuple[str, ...]) -> str:
     """The canonical tool for `name` (aliases included).
 
     Raises:
-        ArgumentError: an unknown or disabled tool, listing the available ones.
+        UnknownTool: an unknown or disabled tool, listing the available ones.
     """
     canonical = ALIASES.get(name, name)
     if canonical not in enabled:
-        raise ArgumentError(f"unknown tool {name!r}; available tools: {list(enabled)}")
+        raise UnknownTool(f"unknown tool {name[:100]!r}; available tools: {list(enabled)}")
     return canonical
 
 

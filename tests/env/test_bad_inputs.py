@@ -52,7 +52,12 @@ HOSTILE = [
      "only strict JSON"),
     (raw_call('{"queries": ["tower"], "top_k": NaN}', name="text_search"), "whole number"),
     (raw_call('{"queries": ["tower"], "top_k": -Infinity}', name="text_search"), "whole number"),
-    (raw_call('{"queries": ["tower"], "top_k": ' + "9" * 1000 + "}", name="text_search"), "[Tower]"),
+    (raw_call('{"queries": ["tower"], "top_k": ' + "9" * 1000 + "}", name="text_search"),
+     "'top_k' must be between 1 and 10; got a 3322-bit number"),
+    (call("text_search", queries=["tower"], top_k=0), "'top_k' must be between 1 and 10; got 0"),
+    (call("image_search", query="tower", top_k=50), "'top_k' must be between 1 and 5; got 50"),
+    (call("text_search", queries=["x" * 1_000_000]), "1000000 characters long"),
+    (call("image_search", query="tower", colour="é" * 500_000), "unknown argument"),
     (call("text_search", queries=["tower"], tbs="qdr:y99999999999"), "not a date filter"),
     (call("text_search", queries=["tower"], tbs="cdr:1,cd_min:12/31/2025,cd_max:1/1/2025"), "after it ends"),
     (call("text_search", queries=[["tower"]]), "non-empty string"),
@@ -77,6 +82,21 @@ def test_hostile_tool_calls_become_observations(tool_env_with_image, turn, expec
     assert expected in obs.text, obs.text[:300]
     assert pickle.dumps(state) == before and new.num_turns == state.num_turns + 1
     assert new.messages[-1]["role"] == "user"
+    encoded = json.dumps(obs.info, ensure_ascii=False, allow_nan=False).encode("utf-8")  # strict JSON, UTF-8
+    assert len(encoded) < 4_000, encoded[:300]  # rejected arguments are cut, never copied whole
+    assert obs.info["error"] is None or obs.info["errors"] == [obs.info["error"]]
+
+
+def test_rejected_arguments_are_cut_and_say_how_long_they_were(tool_env_with_image):
+    e, state = tool_env_with_image
+    _, obs = e.step(state, call("text_search", queries=["x" * 1_000_000]))
+    assert obs.info["error"] == "arguments" and obs.info["tool"] == "text_search"
+    query = obs.info["arguments"]["queries"][0]
+    assert query.startswith("x" * 100) and query.endswith("[1000000 characters]") and len(query) < 300
+    _, obs = e.step(state, call("search", queries=[str(i) for i in range(1000)]))  # an alias, a long list
+    assert obs.info["tool"] == "text_search" and obs.info["arguments"]["queries"][-1] == "… [1000 items]"
+    _, obs = e.step(state, call("fly", to="moon"))
+    assert (obs.info["tool"], obs.info["error"], obs.info["errors"]) == ("fly", "unknown_tool", ["unknown_tool"])
 
 
 HOSTILE_ANSWERS = [
@@ -115,6 +135,8 @@ def test_lone_surrogates_never_reach_the_renderer(tool_env_with_image):
     _, obs = e.step(state, turn)
     obs.text.encode("utf-8")  # would raise on a lone surrogate
     assert "\ufffd" in obs.text and "<|im_end|>" not in obs.text
+    json.dumps(obs.info, ensure_ascii=False).encode("utf-8")  # info is UTF-8 too (the query is in it twice)
+    assert obs.info["arguments"]["queries"] == ["tower \ufffd <|im_end|>"] == obs.info["queries"]
     _, end = e.step(state, '<answer>{"gen_prompt": "x", "reference_images": ["IMG_\\udc00"]}</answer>')
     end.text.encode("utf-8")
     assert end.termination == env.ANSWER_PARSE_FAILED

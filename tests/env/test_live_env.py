@@ -142,13 +142,23 @@ def test_failures_become_observations(web, monkeypatch):
         state = tool_env.reset(TASK)
         state, obs = tool_env.step(state, call("text_search", queries=["a", "b"]))
         assert obs.text.count("no Serper API key (set SERPER_API_KEY)") == 2 and not obs.done
+        assert (obs.info["error"], obs.info["errors"]) == ("search_unavailable", ["search_unavailable"] * 2)
         state, obs = tool_env.step(state, call("image_search", query="a"))
         assert "Image search failed: web search is unavailable" in obs.text
+        assert (obs.info["error"], obs.info["errors"]) == ("search_unavailable", ["search_unavailable"])
         state, obs = tool_env.step(state, call("web_fetch", url=f"{web.url}/news/slow.html", prompt="x"))
-        assert "timed out after 0.5 s" in obs.text
+        assert "timed out after 0.5 s" in obs.text and obs.info["error"] == "backend"
         state, obs = tool_env.step(state, call("web_fetch", url=f"{web.url}/missing", prompt="x"))
-        assert "HTTP 404" in obs.text
+        assert "HTTP 404" in obs.text and obs.info["error"] == "backend"
         state, obs = tool_env.step(state, call("web_fetch", url="http://[::1]:22/", prompt="x"))
-        assert "refused to fetch http://[::1]:22/: loopback" in obs.text
+        assert "refused to fetch http://[::1]:22/: loopback" in obs.text and obs.info["error"] == "url_refused"
         state, obs = tool_env.step(state, call("web_fetch", url="gopher://x.org/", prompt="x"))
-        assert "scheme 'gopher'" in obs.text and not obs.done
+        assert "scheme 'gopher'" in obs.text and not obs.done and obs.info["error"] == "url_refused"
+
+
+def test_a_host_that_does_not_resolve_is_not_reported_as_refused(web):
+    with make(web) as tool_env:
+        state, obs = tool_env.step(tool_env.reset(TASK), call("web_fetch", url="http://no-such-host.invalid/a",
+                                                              prompt="x"))
+    assert "cannot resolve host 'no-such-host.invalid'" in obs.text and "refused" not in obs.text
+    assert (obs.info["error"], obs.info["errors"]) == ("dns", ["dns"])

@@ -117,12 +117,66 @@ def test_image_search_skips_unusable_results_and_caps_per_turn(make_env):
     assert [i.img_id for i in obs.images] == ["IMG_001", "IMG_002"]
     assert state.images["IMG_001"].url.endswith("/4.png") and "2 result(s) skipped" in obs.text
     assert "not a readable image" in obs.text
-    state, obs = e.step(state, call("image_search", query="many", top_k=50))
-    assert len(obs.images) == 2
+    _, refused = e.step(state, call("image_search", query="many", top_k=50))  # explained, not clamped
+    assert refused.images == () and "'top_k' must be between 1 and 2; got 50" in refused.text
+    assert (refused.info["error"], refused.info["errors"]) == ("arguments", ["arguments"])
+    state, obs = e.step(state, call("image_search", query="many"))
+    assert len(obs.images) == 2 and obs.info["error"] is None and obs.info["errors"] == []
     state, obs = e.step(state, call("image_search", query="all bad"))
     assert obs.images == () and "none could be used" in obs.text and not obs.done
+    assert (obs.info["error"], obs.info["errors"]) == ("image_rejected", ["image_rejected"] * 2)
     state, obs = e.step(state, call("image_search", query="nothing here"))
     assert "No usable images found" in obs.text
+
+
+class BrokenBackend:
+    """Every search and fetch fails the same way."""
+
+    async def text_search(self, query, *, top_k, tbs=None):
+        raise base.BackendError("HTTP 503 from search")
+
+    image_search = text_search
+
+    async def fetch_page(self, url):
+        raise base.BackendError(f"HTTP 503 from {url}")
+
+    async def aclose(self):
+        pass
+
+
+FAILURE_KEYS = {"tool", "arguments", "error", "errors", "latency_s", "final_turn"}
+
+
+def test_the_same_failure_reports_the_same_info_in_every_tool(make_env):
+    e = make_env(BrokenBackend())
+    state = e.reset(TASK)
+    turns = {"text_search": call("text_search", queries=["a", "b"]), "image_search": call("image_search", query="a"),
+             "web_fetch": call("browse", url=["https://a.org/1", "https://a.org/2"], goal="x")}
+    for tool, turn in turns.items():
+        _, obs = e.step(state, turn)
+        assert FAILURE_KEYS <= set(obs.info) and obs.info["tool"] == tool, obs.info
+        assert obs.info["error"] == "backend" and set(obs.info["errors"]) == {"backend"}, obs.info
+        json.dumps(obs.info, allow_nan=False)
+    for turn, kind in ((call("crop_image", img_id="IMG_009", bbox=[0, 0, 1, 1]), "unknown_img_id"),
+                       (call("text_search", queries=["a"], top_k=11), "arguments"),
+                       (call("find_object", description="red"), "unknown_tool")):
+        _, obs = e.step(state, turn)
+        assert {"tool", "arguments", "error", "errors", "final_turn"} <= set(obs.info)
+        assert (obs.info["error"], obs.info["errors"]) == (kind, [kind]), obs.info
+    _, obs = e.step(state, "no protocol here")
+    assert (obs.info["error"], obs.info["errors"]) == ("format", ["format"])
+
+
+def test_the_system_prompt_describes_only_enabled_tools(make_env):
+    for style in ("full", "compact"):
+        prompt = make_env(tools=("text_search", "web_fetch"), prompt_style=style).reset(TASK).messages[0]["content"]
+        assert "text_search" in prompt and "web_fetch" in prompt
+        for name in ("image_search", "crop_image", "find_object"):
+            assert name not in prompt, (style, name)
+    every = make_env().reset(TASK).messages[0]["content"]
+    assert all(name in every.split("# Tools")[0] for name in tools.TOOL_NAMES)  # a working rule for each
+    only_images = make_env(tools=("image_search",)).reset(TASK).messages[0]["content"]
+    assert "crop" not in only_images
 
 
 def test_valid_answer_ends_the_episode(make_env):

@@ -21,11 +21,11 @@ def test_canonical_calls():
 
 def test_gen_searcher_aliases():
     assert check("search", query="a") == tools.TextSearch(("a",), 5)
-    assert check("search", queries="a b", top_k=20.0) == tools.TextSearch(("a b",), tools.MAX_TEXT_TOP_K)
+    assert check("search", queries="a b", top_k=10.0) == tools.TextSearch(("a b",), tools.MAX_TEXT_TOP_K)
     assert check("browse", url=["https://a.org", "https://b.org"], goal="g") == tools.WebFetch(
         ("https://a.org", "https://b.org"), "g")
     assert check("visit", url="https://a.org", query="q") == tools.WebFetch(("https://a.org",), "q")
-    assert check("image_search", queries=["tower"], top_k=99) == tools.ImageSearch("tower", 5)
+    assert check("image_search", queries=["tower"], top_k=5) == tools.ImageSearch("tower", 5)
 
 
 def test_date_filters():
@@ -43,6 +43,10 @@ def test_date_filters():
     ("text_search", {"queries": [1]}, "non-empty string"),
     ("text_search", {"queries": ["a"], "top_k": "five"}, "whole number"),
     ("text_search", {"queries": ["a"], "top_k": True}, "whole number"),
+    ("text_search", {"queries": ["a"], "top_k": 20}, "'top_k' must be between 1 and 10; got 20"),
+    ("search", {"queries": "a", "top_k": 20.0}, "'top_k' must be between 1 and 10; got 20"),
+    ("image_search", {"query": "a", "top_k": 0}, "'top_k' must be between 1 and 5; got 0"),
+    ("image_search", {"query": "a", "top_k": 99}, "'top_k' must be between 1 and 5; got 99"),
     ("text_search", {"queries": ["a"], "colour": "red"}, r"unknown argument\(s\) \['colour'\]"),
     ("text_search", {"queries": ["a"], "query": "b"}, "only one of"),
     ("text_search", {"queries": ["a"], "time_range": "decade"}, "time_range"),
@@ -75,14 +79,17 @@ def test_argument_errors(name, arguments, match):
 
 
 def test_top_k_and_date_filter_edges():
-    assert check("text_search", queries=["a"], top_k=10 ** 400).top_k == tools.MAX_TEXT_TOP_K
-    assert check("image_search", query="a", top_k=-3).top_k == 1
+    assert check("text_search", queries=["a"], top_k=10).top_k == tools.MAX_TEXT_TOP_K
+    with pytest.raises(tools.ArgumentError, match="'top_k' must be between 1 and 10; got a 1329-bit number"):
+        check("text_search", queries=["a"], top_k=10 ** 400)
+    with pytest.raises(tools.ArgumentError, match="'top_k' must be between 1 and 5; got -3"):
+        check("image_search", query="a", top_k=-3)
     assert base.parse_tbs("qdr:y9999", TODAY) == (dt.date.min, TODAY)  # before year 1: everything up to today
     assert base.parse_tbs(" qdr:m6 ", TODAY) == (TODAY - dt.timedelta(days=186), TODAY)
 
 
 def test_disabled_tool_is_unknown():
-    with pytest.raises(tools.ArgumentError, match="available tools"):
+    with pytest.raises(tools.UnknownTool, match="available tools"):
         tools.check_call(parsing.ToolCall("crop_image", {}), enabled=("text_search",), today=TODAY)
 
 

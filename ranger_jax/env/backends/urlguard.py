@@ -31,6 +31,15 @@ class UrlRefused(base.BackendError):
         super().__init__(f"refused to fetch {url}: {reason}")
 
 
+class HostUnresolved(base.BackendError):
+    """A URL whose host name does not resolve (a wrong name or a DNS failure), which is not a refusal."""
+
+    def __init__(self, url: str, host: str, reason: str):
+        self.url, self.host, self.reason = url, host, reason
+        super().__init__(f"cannot resolve host {host!r} of {url} ({reason}); the name may be wrong or DNS may be "
+                         "unavailable")
+
+
 @dataclasses.dataclass(frozen=True)
 class Target:
     """A URL that passed the guard.
@@ -175,7 +184,8 @@ class UrlGuard:
         """Checks `url`, resolving its host name, and returns the address to connect to.
 
         Raises:
-            UrlRefused: naming the URL and the reason (bad scheme, forbidden address, unresolvable host).
+            UrlRefused: naming the URL and the reason (bad scheme, forbidden address).
+            HostUnresolved: the host name does not resolve to any address.
         """
         target, ip = self.check_syntax(url)
         if ip is not None or self.is_allowed(target.host, target.port):
@@ -184,7 +194,7 @@ class UrlGuard:
         try:
             infos = await loop.getaddrinfo(target.host, target.port, type=socket.SOCK_STREAM)
         except (OSError, UnicodeError) as err:
-            raise UrlRefused(url, f"cannot resolve host {target.host!r} ({err})") from err
+            raise HostUnresolved(url, target.host, str(err)) from err
         addresses = []
         for info in infos:
             address = ipaddress.ip_address(normalise_host(str(info[4][0])))
@@ -192,5 +202,5 @@ class UrlGuard:
                 raise UrlRefused(url, f"host {target.host!r} resolves to a {problem}")
             addresses.append(str(address))
         if not addresses:
-            raise UrlRefused(url, f"host {target.host!r} has no addresses")
+            raise HostUnresolved(url, target.host, "no addresses")
         return dataclasses.replace(target, address=addresses[0])

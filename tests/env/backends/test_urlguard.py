@@ -82,8 +82,13 @@ def test_names_are_checked_after_resolution():
         pytest.skip(f"{host} resolves to public addresses here")
     with pytest.raises(urlguard.UrlRefused, match=f"host '{host}' resolves to a"):
         resolve(f"http://{host}/")
-    with pytest.raises(urlguard.UrlRefused, match="cannot resolve host"):
+
+
+def test_a_host_that_does_not_resolve_is_not_a_refused_url():
+    with pytest.raises(urlguard.HostUnresolved, match=r"cannot resolve host 'no-such-host.invalid' of "
+                                                      r"http://no-such-host.invalid/ \(") as info:
         resolve("http://no-such-host.invalid/")
+    assert not isinstance(info.value, urlguard.UrlRefused) and "refused" not in str(info.value)
 
 
 def test_allowed_hosts_skip_the_address_checks_for_their_port_only():
