@@ -26,11 +26,14 @@ from ranger_jax.env.core import (
     Score,
     Task,
 )
+from ranger_jax.env.messages import hf_messages, openai_messages
+from ranger_jax.env.parsing import format_answer, format_tool_call
 from ranger_jax.env.registry import env_files, make
 from ranger_jax.env.tool_env import EnvState, ToolEnv
 
 __all__ = [
     "ANSWER", "ANSWER_PARSE_FAILED", "CONTEXT_EXCEEDED", "ERROR", "MAX_TURNS", "NO_ANSWER", "REPEATED_RESPONSE",
     "TERMINATIONS", "Answer", "AnswerRef", "EnvConfig", "EnvState", "FrozenDict", "ImageRecord", "Observation",
-    "ObservedImage", "Score", "Task", "ToolEnv", "env_files", "make",
+    "ObservedImage", "Score", "Task", "ToolEnv", "env_files", "format_answer", "format_tool_call", "hf_messages",
+    "make", "openai_messages",
 ]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from collections.abc import Collection
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import json5
@@ -147,6 +147,56 @@ def parse_tool_call(body: str) -> ToolCall:
     if not isinstance(arguments, dict):
         raise FormatError(f'"arguments" of {name} must be a JSON object; got {type(arguments).__name__}')
     return ToolCall(name=name.strip(), arguments=arguments)
+
+
+def _protocol_json(obj: dict[str, Any]) -> str:
+    """`obj` as JSON whose strings spell no `<`, so no tag inside a value (`</tool_call>`, `<answer>`) can end or
+    open a protocol block; JSON reads `\\u003c` back as `<`."""
+    return json.dumps(obj, ensure_ascii=False, allow_nan=False).replace("<", "\\u003c")
+
+
+def format_tool_call(name: str, arguments: Mapping[str, Any] | None = None) -> str:
+    """The `<tool_call>` block that calls tool `name` with `arguments`, exactly as `parse_tool_call` reads it and
+    as the system prompt shows it: `<tool_call>\\n{"name": …, "arguments": {…}}\\n</tool_call>`. Any argument
+    value round-trips, even one that spells a protocol tag.
+
+    Raises:
+        ValueError: `name` is not a non-empty string, or `arguments` is not a JSON object (NaN included).
+    """
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"a tool call needs a non-empty tool name; got {name!r}")
+    arguments = {} if arguments is None else arguments
+    if not isinstance(arguments, Mapping):
+        raise ValueError(f"arguments of {name} must be a mapping (a JSON object); got {type(arguments).__name__}")
+    try:
+        body = _protocol_json({"name": name, "arguments": dict(arguments)})
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"arguments of {name} are not JSON: {err}") from err
+    return f"{CALL_OPEN}\n{body}\n{CALL_CLOSE}"
+
+
+def format_answer(gen_prompt: str, reference_images: Sequence[str | Mapping[str, str]] = ()) -> str:
+    """The `<answer>` block with a generation prompt and the cited image ids, as `parse_answer` reads it.
+
+    Args:
+        gen_prompt: the grounded prompt for the image generator.
+        reference_images: image ids (`"IMG_003"`) or `{"img_id": …, "note": …}` dicts, in the order the prompt's
+            "first/second reference image" follow.
+
+    Raises:
+        ValueError: an empty prompt or a reference that is neither an id string nor a mapping with `img_id`.
+    """
+    if not isinstance(gen_prompt, str) or not gen_prompt.strip():
+        raise ValueError(f"an answer needs a non-empty gen_prompt; got {gen_prompt!r}")
+    refs = []
+    for i, ref in enumerate(reference_images):
+        if isinstance(ref, str):
+            ref = {"img_id": ref}
+        if not isinstance(ref, Mapping) or not isinstance(ref.get("img_id"), str):
+            raise ValueError(f"reference_images[{i}] must be an image id or a mapping with 'img_id'; got {ref!r}")
+        refs.append({"img_id": ref["img_id"], "note": str(ref.get("note", ""))})
+    body = _protocol_json({"gen_prompt": gen_prompt, "reference_images": refs})
+    return f"{ANSWER_OPEN}\n{body}\n{ANSWER_CLOSE}"
 
 
 def normalise_img_id(value: object) -> str | None:

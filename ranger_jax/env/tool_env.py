@@ -161,7 +161,8 @@ class ToolEnv:
                                      max_tool_calls=self.config.max_tool_calls, max_refs=self.config.max_answer_refs)
 
     def reset(self, task: core.Task) -> EnvState:
-        """The initial state: system prompt and the task prompt as the first user message.
+        """The initial state: system prompt and the task prompt as the first user message (`observe(state)` gives
+        it as the first Observation).
 
         Raises:
             TypeError: `task` is not a Task with a str prompt and mapping (or None) metadata.
@@ -177,6 +178,25 @@ class ToolEnv:
                     {"role": "user", "content": prompts.renderable(task.prompt)})
         return EnvState(task=task, messages=messages, images=core.FrozenDict(), image_keys=core.FrozenDict(),
                         next_image_index=1, today=_today(task, self.backend))
+
+    def observe(self, state: EnvState) -> core.Observation:
+        """What the policy sees now, as an Observation: after `reset`, the task prompt (the first observation);
+        after `step`, the text and images that step returned (its `info` stays with step's own observation); for a
+        finished episode, `done` with its termination.
+
+        Pure: reads `state` only, so it works on any state, e.g. one restored from a checkpoint.
+        """
+        if state.done:
+            return core.Observation(text=prompts.renderable(f"Episode over ({state.termination})."), done=True,
+                                    termination=state.termination)
+        message = state.messages[-1]
+        if isinstance(message["content"], str):
+            return core.Observation(text=message["content"])
+        text = "".join(part["text"] for part in message["content"] if part["type"] == "text")
+        shown = tuple(core.ObservedImage(part["img_id"], self.store.pixels(state.images[part["img_id"]].path,
+                                                                           state.images[part["img_id"]].sha256))
+                      for part in message["content"] if part["type"] == "image")
+        return core.Observation(text=text, images=shown)
 
     def image(self, record: core.ImageRecord) -> Image.Image:
         """The RGB pixels of an image of this env's store (shared; treat as read-only)."""

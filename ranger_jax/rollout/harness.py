@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ranger_jax.clients import chat
-from ranger_jax.env import tool_env
+from ranger_jax.env import parsing, tool_env
 from ranger_jax.processing.tokenizer import Tokenizer
 from ranger_jax.rollout import policy as policy_lib
 
@@ -33,10 +33,10 @@ def protocol_text(result: chat.ChatResult) -> str:
         parts.append(result.content.strip())
     for call in result.tool_calls:
         try:
-            arguments = json.dumps(call.parsed_arguments(), ensure_ascii=False)
-        except chat.ChatFormatError:
-            arguments = call.arguments  # kept as written: the env answers with a format error
-        parts.append(f'<tool_call>\n{{"name": {json.dumps(call.name)}, "arguments": {arguments}}}\n</tool_call>')
+            parts.append(parsing.format_tool_call(call.name, call.parsed_arguments()))
+        except ValueError:  # arguments that are no JSON object (ChatFormatError): kept as written for the env
+            parts.append(f'<tool_call>\n{{"name": {json.dumps(call.name)}, "arguments": {call.arguments}}}\n'
+                         "</tool_call>")
     return "\n".join(parts)
 
 
