@@ -38,7 +38,7 @@ FALLBACK_STATUS = frozenset({400, 422})  # servers that reject json_schema answe
 _SCHEMA_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 _THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
 _FENCE = re.compile(r"```(?:json5?|JSON)?\s*(.*?)```", re.DOTALL)
-_RESERVED = ("model", "messages", "temperature", "max_tokens", "response_format", "tools")
+_RESERVED = ("model", "messages", "temperature", "max_tokens", "max_completion_tokens", "response_format", "tools")
 
 
 class ChatFormatError(ValueError):
@@ -287,8 +287,9 @@ class ChatClient:
                 raise ValueError(f"messages[{i}] must be a dict with a 'role', got {message!r:.100}")
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+        # max_completion_tokens: the current name (OpenAI, SGLang and vLLM take `max_tokens` as a deprecated alias)
         body: dict[str, Any] = {"model": self.model, "messages": [dict(m) for m in messages],
-                                "temperature": temperature, "max_tokens": max_tokens}
+                                "temperature": temperature, "max_completion_tokens": max_tokens}
         if response_format is not None:
             body["response_format"] = dict(response_format)
         if tools:
@@ -353,7 +354,7 @@ class ChatClient:
         Args:
             messages: OpenAI chat messages (content a string or a list of `text_part`/`image_part` parts).
             temperature: sampling temperature (0 for judges).
-            max_tokens: completion token cap.
+            max_tokens: completion token cap (sent as `max_completion_tokens`).
             response_format: e.g. `json_schema_format(...)` or `{"type": "json_object"}`; degrades on 400/422.
             tools: OpenAI function tool schemas.
             extra: more body keys (`seed`, `top_p`, `stop`, …); may not repeat an argument above.

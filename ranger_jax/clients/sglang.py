@@ -2,9 +2,13 @@
 
 Wire format: sglang 0.5.23's native HTTP API; the contract itself (sampling-param checks,
 error types, response parsing) lives in `clients.sglang_protocol` and its public names are re-exported
-here. Multi-turn VLM rollouts send the full, processor-expanded token history as `input_ids` and every
-image so far as `image_data` (lossless PNG data URLs, so the server sees the exact pixels the policy's
-processor saw), with `return_logprob` on.
+here. Multi-turn VLM rollouts send the full token history as `input_ids` with ONE `<|image_pad|>` per image
+(SGLang expands each to the image's run itself; `clients.sglang_mm` collapses our expanded runs and checks the
+answer against them) and every image so far as `image_data` (lossless PNG data URLs, so the server sees the
+exact pixels the policy's processor saw), with `return_logprob` on.
+
+Seeds: a request's `sampling_seed` is honoured only by a server launched with `--enable-deterministic-inference`
+(`get_server_info().deterministic_inference` says which); elsewhere sampling is not reproducible from seeds.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from ranger_jax.clients.sglang_protocol import (
     MalformedRequest,
     ModelInfo,
     RequestAborted,
+    ServerInfo,
     SGLangError,
     WeightUpdate,
     WeightUpdateFailed,
@@ -38,6 +43,7 @@ from ranger_jax.clients.sglang_protocol import (
     json_object,
     parse_generate_response,
     parse_model_info,
+    parse_server_info,
     parse_weight_update,
     parse_weight_version,
     validate_sampling_params,
@@ -53,7 +59,7 @@ __all__ = [  # the client, plus the protocol names re-exported so callers can wr
     "SGLangClient", "DEFAULT_TIMEOUT", "DEFAULT_MAX_RETRIES", "DEFAULT_MAX_CONCURRENCY", "WEIGHT_UPDATE_TIMEOUT",
     "PAUSE_MODES", "FINISH_REASONS", "SAMPLING_PARAM_TYPES", "SGLangError", "ContractViolation", "InvalidInput",
     "MalformedRequest", "RequestAborted", "CacheFlushFailed", "WeightUpdateFailed", "GenerateResult", "ModelInfo",
-    "WeightUpdate", "parse_generate_response", "validate_sampling_params",
+    "ServerInfo", "WeightUpdate", "parse_generate_response", "validate_sampling_params",
 ]
 
 
@@ -143,11 +149,14 @@ class SGLangClient:
         """Generates one continuation.
 
         Args:
-            input_ids: [T] prompt token ids, already processor-expanded (image pad runs included).
+            input_ids: [T] prompt token ids with ONE `<|image_pad|>` per image of `image_data` (SGLang expands it;
+                a prompt with expanded runs is decoded and re-tokenised by the server: use
+                `sglang_mm.collapse_image_runs`). The answer's `prompt_tokens` counts the expanded prompt.
             text: a prompt string instead (SGLang then expands image placeholders itself).
             image_data: every image the prompt refers to, in order: PIL images or encoded bytes (sent as
                 lossless PNG data URLs), or strings sent as given (URL, data URL, base64).
-            sampling_params: SGLang sampling params, checked by `validate_sampling_params`.
+            sampling_params: SGLang sampling params, checked by `validate_sampling_params` (`sampling_seed` is
+                ignored unless the server runs with `--enable-deterministic-inference`).
             return_logprob: return the log-prob of every output token.
             rid: request id (for `abort_request`); a fresh uuid4 hex when None.
             logprob_start_len: −1 = output tokens only; k ≥ 0 also returns prompt log-probs from position k.
@@ -202,13 +211,32 @@ class SGLangClient:
         """Sync twin of `await_healthy`."""
         self.session.run_sync(self.await_healthy(timeout_s, poll_s=poll_s))
 
+    async def _aget_first(self, paths: Sequence[str], parse: Callable[[httpx.Response], Any]) -> Any:
+        """GETs the first of `paths` the server knows (404: the next one, an older server's name for it)."""
+        for index, path in enumerate(paths):
+            try:
+                return await self._arun(_Call("GET", path, parse))
+            except http.StatusError as err:
+                if err.status != 404 or index == len(paths) - 1:
+                    raise
+        raise AssertionError("unreachable")
+
     async def aget_model_info(self) -> ModelInfo:
-        """The served model's facts from `GET /get_model_info`."""
-        return await self._arun(_Call("GET", "get_model_info", parse_model_info))
+        """The served model's facts from `GET /model_info` (`/get_model_info` on servers without it)."""
+        return await self._aget_first(("model_info", "get_model_info"), parse_model_info)
 
     def get_model_info(self) -> ModelInfo:
         """Sync twin of `aget_model_info`."""
         return self.session.run_sync(self.aget_model_info())
+
+    async def aget_server_info(self) -> ServerInfo:
+        """The server's launch arguments from `GET /server_info` (`/get_server_info` on servers without it),
+        e.g. whether it honours `sampling_seed` (`deterministic_inference`)."""
+        return await self._aget_first(("server_info", "get_server_info"), parse_server_info)
+
+    def get_server_info(self) -> ServerInfo:
+        """Sync twin of `aget_server_info`."""
+        return self.session.run_sync(self.aget_server_info())
 
     async def aflush_cache(self) -> str:
         """Flushes the radix cache; returns the server's plain-text message. Raises CacheFlushFailed on 400."""

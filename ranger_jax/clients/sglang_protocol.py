@@ -26,15 +26,19 @@ from ranger_jax.clients import http
 FINISH_REASONS = ("stop", "length", "abort")
 
 _INT, _NUM, _BOOL, _STR = (int,), (int, float), (bool,), (str,)
+_JSON = (dict, list, str, int, float, bool)  # any JSON value
 SAMPLING_PARAM_TYPES: dict[str, tuple[type, ...]] = {
     "max_new_tokens": _INT, "min_new_tokens": _INT, "stop": (str, list), "stop_regex": (str, list),
     "stop_token_ids": (list,), "temperature": _NUM, "top_p": _NUM, "top_k": _INT, "min_p": _NUM,
     "frequency_penalty": _NUM, "presence_penalty": _NUM, "repetition_penalty": _NUM, "n": _INT,
     "json_schema": _STR, "regex": _STR, "ebnf": _STR, "structural_tag": _STR, "ignore_eos": _BOOL,
     "no_stop_trim": _BOOL, "skip_special_tokens": _BOOL, "spaces_between_special_tokens": _BOOL,
-    "logit_bias": (dict,), "sampling_seed": _INT, "custom_params": (dict,), "stream_interval": _INT,
-    "beam_width": _INT, "watermark": (dict, bool), "choice": (list, dict),
+    "logit_bias": (dict,), "sampling_seed": _INT, "custom_params": _JSON, "stream_interval": _INT,
+    "beam_width": _INT, "watermark": (dict,), "choice": (list,),
 }
+# `sampling_seed` is honoured only by a server started with --enable-deterministic-inference (sglang
+# `sampling/sampling_batch_info.py`); elsewhere it is accepted and ignored. `ServerInfo.deterministic_inference`
+# tells which.
 _CONSTRAINTS = ("json_schema", "regex", "ebnf", "structural_tag")
 
 
@@ -119,6 +123,14 @@ def validate_sampling_params(params: Mapping[str, Any]) -> dict[str, Any]:
         raise ValueError(f"sampling_params['top_p'] must be in (0, 1], got {out['top_p']}")
     if out.get("max_new_tokens") is not None and out["max_new_tokens"] < 0:
         raise ValueError(f"sampling_params['max_new_tokens'] must be >= 0, got {out['max_new_tokens']}")
+    choice = out.get("choice")
+    if choice is not None and (not choice or not all(isinstance(c, str) for c in choice)):
+        raise ValueError(f"sampling_params['choice'] must be a non-empty list of strings, got {choice!r:.80}")
+    if out.get("custom_params") is not None:
+        try:
+            json.dumps(out["custom_params"], allow_nan=False)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"sampling_params['custom_params'] must be JSON: {err}") from err
     if out.get("n") not in (None, 1):
         raise ValueError(f"sampling_params['n'] = {out['n']}: this client sends one sample per request; "
                          "send n requests with their own rids instead")
@@ -232,13 +244,38 @@ def parse_generate_response(url: str, body: Any, *, return_logprob: bool) -> Gen
 
 @dataclasses.dataclass(frozen=True)
 class ModelInfo:
-    """`/get_model_info`: what the server has loaded (`raw` keeps every field)."""
+    """`/model_info` (older servers: `/get_model_info`): what the server has loaded (`raw` keeps every field)."""
 
     model_path: str
     weight_version: str
     is_generation: bool
     has_image_understanding: bool
     raw: Mapping[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerInfo:
+    """`/server_info` (older servers: `/get_server_info`): the server's launch arguments and state.
+
+    Attributes:
+        deterministic_inference: the server runs with `--enable-deterministic-inference`, so it honours each
+            request's `sampling_seed`; None when the answer does not say (e.g. a router in front).
+        version: the sglang version, when reported.
+        raw: every field of the answer.
+    """
+
+    deterministic_inference: bool | None
+    version: str | None
+    raw: Mapping[str, Any]
+
+
+def parse_server_info(response: httpx.Response) -> ServerInfo:
+    """A `/server_info` answer as ServerInfo (a JSON object; its keys are the server arguments)."""
+    body = json_object(response)
+    flag = body.get("enable_deterministic_inference")
+    version = body.get("version")
+    return ServerInfo(deterministic_inference=flag if isinstance(flag, bool) else None,
+                      version=str(version) if version is not None else None, raw=body)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -258,10 +295,10 @@ def json_object(response: httpx.Response) -> dict[str, Any]:
 
 
 def parse_model_info(response: httpx.Response) -> ModelInfo:
-    """A `/get_model_info` answer as ModelInfo; raises ResponseFormatError without `model_path`."""
+    """A `/model_info` answer as ModelInfo; raises ResponseFormatError without `model_path`."""
     body = json_object(response)
     if "model_path" not in body:
-        raise http.ResponseFormatError(str(response.request.url), "no 'model_path' in /get_model_info response")
+        raise http.ResponseFormatError(str(response.request.url), "no 'model_path' in the model info response")
     return ModelInfo(model_path=str(body["model_path"]), weight_version=str(body.get("weight_version", "")),
                      is_generation=bool(body.get("is_generation", True)),
                      has_image_understanding=bool(body.get("has_image_understanding", False)), raw=body)

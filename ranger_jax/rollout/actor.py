@@ -106,7 +106,8 @@ def _jax(options: PolicyOptions) -> policy_lib.Policy:
 def _sglang(options: PolicyOptions) -> policy_lib.Policy:
     _require(options, "sglang", "sglang_url")
     client = sglang.SGLangClient(options.sglang_url, api_key=options.api_key)
-    return sglang_policy.SGLangPolicy(client, policy_version=options.policy_version)
+    return sglang_policy.SGLangPolicy(client, image_pad_id=options.tokenizer.image_pad_id,
+                                      policy_version=options.policy_version)
 
 
 def _harness(options: PolicyOptions) -> policy_lib.Policy:
@@ -262,7 +263,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key-env", default="RANGER_API_KEY", help="environment variable holding a bearer key")
     p.add_argument("--group-size", type=int, default=1, help="G: samples per task")
     p.add_argument("--concurrency", type=int, default=8, help="episodes in flight")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="base seed of the episodes' sampling seeds (an SGLang server "
+                                                       "honours them only when launched with "
+                                                       "--enable-deterministic-inference; trajectories record it)")
     p.add_argument("--run-id", default="run", help="prefix of group ids")
     p.add_argument("--policy-version", type=int, default=0)
     p.add_argument("--max-new-tokens", type=int, default=episode_lib.GEN_SEARCHER_MAX_NEW_TOKENS)

@@ -29,7 +29,9 @@ class RolloutConfig:
 
     group_size: int = 1  # G: samples per task, each with its own seed
     concurrency: int = 8  # episodes in flight at once
-    seed: int = 0  # base seed; each episode's seed derives from (seed, group index, sample index)
+    # base seed; each episode's seed derives from (seed, group index, sample index). An SGLang policy server
+    # honours sampling seeds only when launched with --enable-deterministic-inference (recorded per turn).
+    seed: int = 0
     run_id: str = "run"  # prefix of every group id (make it unique per actor and step)
     episode: episode_lib.EpisodeConfig = episode_lib.EpisodeConfig()
 

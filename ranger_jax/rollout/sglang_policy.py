@@ -1,21 +1,31 @@
 """An SGLang server as the policy: token ids in, token ids and log-probs out (`/generate`).
 
-Every turn sends the full, already processor-expanded `input_ids` (each image is its `<|image_pad|>` run) and the
-CUMULATIVE list of the episode's images as `image_data`, with `return_logprob` (the multi-turn VLM pattern of
-slime's SGLang rollouts). Images go as lossless PNG data URLs of the PREPARED pixels (already at the processor's
-grid size), so the server's own resize is the identity and its placeholder count equals ours: the server never
-expands anything twice (a double expansion gives empty or garbled rollouts).
+Every turn sends the episode's whole token history with ONE `<|image_pad|>` per image (SGLang's convention for
+pre-tokenised image prompts: the server expands each placeholder to the image's run itself and keeps every other id
+verbatim; expanded runs would make it decode and re-tokenise the prompt) and the CUMULATIVE list of the episode's
+images as `image_data`, with `return_logprob` (the multi-turn VLM pattern of slime's SGLang rollouts). Images go as
+lossless PNG data URLs of the PREPARED pixels (already at the processor's grid size), so the server's own resize is
+the identity and its expansion equals our runs. The answer is mapped back onto the trajectory's expanded prompt
+(`clients.sglang_mm`): the server's `prompt_tokens` must equal our prompt length, else the turn fails with
+`PromptMismatch` rather than record tokens and log-probs of a prompt the server did not run.
+
+Seeds: each turn's `sampling_seed` is honoured only by a server launched with `--enable-deterministic-inference`.
+The policy asks the server once (`/server_info`), warns when seeds are ignored, and records it on every turn
+(`info["seed_honoured"]`: True, False, or None when the server does not say).
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import logging
 import re
 from typing import Any
 
-from ranger_jax.clients import sglang
+from ranger_jax.clients import http, sglang, sglang_mm
 from ranger_jax.rollout import policy as policy_lib
 
+log = logging.getLogger(__name__)
 _TRAILING_NUMBER = re.compile(r"(\d+)$")
 
 
@@ -25,7 +35,8 @@ def png_data_url(png: bytes) -> str:
 
 
 def sampling_params(request: policy_lib.TurnRequest) -> dict[str, Any]:
-    """SGLang `sampling_params` of a turn (greedy = temperature 0; top_k -1 = all)."""
+    """SGLang `sampling_params` of a turn (greedy = temperature 0; top_k -1 = all; `sampling_seed` is honoured
+    only with `--enable-deterministic-inference`)."""
     sampling = request.sampling
     return {"max_new_tokens": request.max_new_tokens, "temperature": float(sampling.temperature),
             "top_p": float(sampling.top_p), "top_k": int(sampling.top_k),
@@ -45,6 +56,7 @@ class SGLangPolicy:
 
     Args:
         client: the server's client (its own concurrency limit applies).
+        image_pad_id: the tokenizer's `<|image_pad|>` id (each image's run is sent as one of these).
         name: label recorded on trajectories.
         policy_version: the version recorded when the server's `weight_version` is not an integer.
     """
@@ -52,22 +64,54 @@ class SGLangPolicy:
     token_exact = True
     has_logprobs = True
 
-    def __init__(self, client: sglang.SGLangClient, *, name: str = "sglang", policy_version: int = 0):
-        self.client, self.name, self.policy_version = client, name, policy_version
-        self._images: dict[str, list[str]] = {}  # rid -> data URLs of every image so far, in token order
+    def __init__(self, client: sglang.SGLangClient, *, image_pad_id: int, name: str = "sglang",
+                 policy_version: int = 0):
+        self.client, self.image_pad_id, self.name, self.policy_version = client, image_pad_id, name, policy_version
+        self._images: dict[str, list[tuple[str, int]]] = {}  # rid -> (data URL, placeholder tokens) so far, in order
+        self._seed_answer: asyncio.Future | None = None  # the one /server_info question, shared by all episodes
+
+    async def _ask_server(self) -> bool | None:
+        url = self.client.session.base_url
+        try:
+            info = await self.client.aget_server_info()
+        except http.ClientError as err:
+            log.warning("cannot tell whether %s honours sampling seeds (%s); recorded as unknown", url, err)
+            return None
+        if info.deterministic_inference is False:
+            log.warning("%s runs without --enable-deterministic-inference: it ignores sampling_seed, so rollouts "
+                        "are not reproducible from their seeds", url)
+        return info.deterministic_inference
+
+    async def seed_honoured(self) -> bool | None:
+        """Whether the server honours `sampling_seed` (asked once; None when it does not say)."""
+        if self._seed_answer is None:
+            self._seed_answer = asyncio.ensure_future(self._ask_server())
+        return await self._seed_answer
 
     async def generate(self, request: policy_lib.TurnRequest) -> policy_lib.Generation:
-        """One `/generate` call with the episode's whole history.
+        """One `/generate` call with the episode's whole history (one placeholder per image).
 
         Raises:
+            ValueError: the prompt's image runs disagree with the episode's images.
+            PromptMismatch: the server expanded the prompt to another length than ours.
             ClientError (and subclasses): the server failed after retries.
         """
         images = self._images.setdefault(request.rid, [])
-        images.extend(png_data_url(image.png) for image in request.new_images)
-        result = await self.client.agenerate(request.prompt_ids, image_data=list(images) or None,
-                                             sampling_params=sampling_params(request), return_logprob=True,
-                                             rid=f"{request.rid}#{request.turn}")
-        info: dict[str, Any] = {"prompt_tokens": result.prompt_tokens, "cached_tokens": result.cached_tokens}
+        images.extend((png_data_url(image.png), image.num_tokens) for image in request.new_images)
+        counts = [count for _, count in images]
+        try:
+            sent = sglang_mm.collapse_image_runs(request.prompt_ids, self.image_pad_id, counts)
+        except ValueError as err:
+            raise ValueError(f"episode {request.rid} turn {request.turn}: {err}") from err
+        honoured = await self.seed_honoured()
+        rid = f"{request.rid}#{request.turn}"
+        result = await self.client.agenerate(sent, image_data=[url for url, _ in images] or None,
+                                             sampling_params=sampling_params(request), return_logprob=True, rid=rid)
+        sglang_mm.check_prompt_tokens(result.prompt_tokens, int(request.prompt_ids.size), rid=rid,
+                                      num_images=len(images))
+        info: dict[str, Any] = {"prompt_tokens": result.prompt_tokens, "sent_tokens": int(sent.size),
+                                "cached_tokens": result.cached_tokens, "sampling_seed": int(request.seed),
+                                "seed_honoured": honoured}
         if result.abort_message:
             info["abort_message"] = result.abort_message
         return policy_lib.Generation(token_ids=result.output_ids, logprobs=result.output_logprobs,

@@ -71,7 +71,7 @@ def test_parses_the_fixture_and_sends_the_request(server):
     assert result.json()["visual_correctness"] == 0.5 and result.response_format is None
     sent = server.handler.bodies[-1]
     assert sent == {"model": "judge-model", "messages": [{"role": "user", "content": "hi"}], "temperature": 0.0,
-                    "max_tokens": 64, "chat_template_kwargs": {"enable_thinking": False}, "seed": 7}
+                    "max_completion_tokens": 64, "chat_template_kwargs": {"enable_thinking": False}, "seed": 7}
     assert server.requests[-1].headers["Authorization"] == "Bearer sk-test"
 
 

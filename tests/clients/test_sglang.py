@@ -168,12 +168,51 @@ def test_length_finish_and_prompt_logprobs(client):
     ({"temperature": -1}, r"temperature'\] must be >= 0"),
     ({"max_new_tokens": -1}, r"max_new_tokens'\] must be >= 0"),
     ({"stop_token_ids": ["<|im_end|>"]}, "must be a list of ints"),
+    ({"choice": "yes"}, r"sampling_params\['choice'\] must be list, got str"),
+    ({"choice": ["yes", 1]}, r"sampling_params\['choice'\] must be a non-empty list of strings"),
+    ({"watermark": True}, r"sampling_params\['watermark'\] must be dict, got bool"),
+    ({"custom_params": {"scale": float("nan")}}, r"sampling_params\['custom_params'\] must be JSON"),
 ])
 def test_sampling_params_are_checked_locally(client, server, params, message):
     before = server.count("POST", "/generate")
     with pytest.raises(ValueError, match=message):
         client.generate([1, 2], sampling_params=params)
     assert server.count("POST", "/generate") == before
+
+
+def test_choice_watermark_and_custom_params_travel_as_their_json_types(client, server):
+    params = {"choice": ["yes", "no"], "watermark": {"gamma": 0.25, "delta": 2.0}, "custom_params": [1, "a", None]}
+    client.generate([1, 2], sampling_params=params)
+    assert server.fake.bodies[-1]["sampling_params"] == params
+    client.generate([1, 2], sampling_params={"custom_params": "any JSON value"})
+    assert server.fake.bodies[-1]["sampling_params"] == {"custom_params": "any JSON value"}
+
+
+def test_model_and_server_info_prefer_the_current_endpoints():
+    """`/model_info` and `/server_info` first; a server that only knows the deprecated names still answers."""
+    model = {"model_path": "ckpts/new", "weight_version": "7", "is_generation": True, "has_image_understanding": True}
+    with LoopbackServer() as new, LoopbackServer() as old:
+        new.route("GET", "/model_info", lambda req: Reply.json(model))
+        new.route("GET", "/server_info", lambda req: Reply.json({"enable_deterministic_inference": True,
+                                                                 "version": "0.5.23", "tp_size": 2}))
+        old.route("GET", "/get_model_info", lambda req: Reply.json({**model, "model_path": "ckpts/old"}))
+        old.route("GET", "/get_server_info", lambda req: Reply.json({"enable_deterministic_inference": False}))
+        with sglang.SGLangClient(new.url) as c:
+            info, server_info = c.get_model_info(), c.get_server_info()
+        assert info.model_path == "ckpts/new" and [r.path for r in new.requests] == ["/model_info", "/server_info"]
+        assert (server_info.deterministic_inference, server_info.version, server_info.raw["tp_size"]) == (
+            True, "0.5.23", 2)
+        with sglang.SGLangClient(old.url) as c:
+            assert c.get_model_info().model_path == "ckpts/old"
+            assert c.get_server_info().deterministic_inference is False
+        assert [r.path for r in old.requests] == ["/model_info", "/get_model_info", "/server_info",
+                                                  "/get_server_info"]
+    with LoopbackServer() as router:  # a router that says nothing about its workers
+        router.route("GET", "/server_info", lambda req: Reply.json({"workers": 4}))
+        with sglang.SGLangClient(router.url, max_retries=0) as c:
+            assert c.get_server_info().deterministic_inference is None
+            with pytest.raises(http.StatusError, match=r"HTTP 404 from http://127\.0\.0\.1:\d+/get_model_info"):
+                c.get_model_info()
 
 
 def test_input_argument_errors(client):

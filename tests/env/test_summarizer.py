@@ -39,7 +39,7 @@ def test_short_page_one_answer_long_page_parts(server):
     answer = asyncio.run(reader(server, 20_000).answer(page, "what?"))
     assert answer.startswith("saw ") and "part" not in answer
     request = server.requests[-1].json()
-    assert request["temperature"] == 0.0 and request["max_tokens"] == 64
+    assert request["temperature"] == 0.0 and request["max_completion_tokens"] == 64
     assert request["messages"][1]["content"].startswith("Question: what?\n\nPage: https://x.org/a\nTitle: T\nDate: ")
     parts = asyncio.run(reader(server, 4_000).answer(page, "what?"))
     assert parts.count("result part ") == 3 and parts.startswith("result part 1:\nsaw ")

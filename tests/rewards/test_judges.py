@@ -85,7 +85,7 @@ def test_kscore_judge_request_and_verdict(server):
     assert generated["image_url"]["url"].startswith("data:image/jpeg;base64,")
     assert colour_of(generated)[0] > 240 and colour_of(truth)[2] > 240  # Image 1 = generated, Image 2 = GT
     assert body["response_format"]["json_schema"]["name"] == "kscore" and body["temperature"] == 0.0
-    assert body["max_tokens"] == judge.DEFAULT_MAX_TOKENS
+    assert body["max_completion_tokens"] == judge.DEFAULT_MAX_TOKENS
 
 
 def test_schema_fallback_and_retry_on_unusable_output(server):

@@ -87,7 +87,7 @@ def test_harness_episode_over_chat_loopback(loopback, sim_env, tasks, qwen_rende
     assert first["tools"] == sim_env.tool_schemas() and first["model"] == "frontier"
     assert [m["role"] for m in first["messages"]] == ["system", "user"]
     assert first["messages"][1]["content"] == task.prompt
-    assert first["max_tokens"] == 256 and isinstance(first["seed"], int)
+    assert first["max_completion_tokens"] == 256 and isinstance(first["seed"], int)
     # a native tool call is answered by a tool message; its images follow in a user message, text first
     tool_message, image_message = second["messages"][3], second["messages"][4]
     assert second["messages"][2]["tool_calls"][0]["id"] == "call_1"

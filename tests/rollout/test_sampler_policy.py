@@ -87,8 +87,9 @@ def test_trajectories_survive_the_sglang_wire_path(
     local = sampler_policy.SamplerPolicy(tiny_sampler, num_rows=ROWS, capacity=CAPACITY)
     ours = runner.run(tiny_env, local, tasks[2:3], renderer=tiny_renderer, config=config, scorer=scorer)
     with SGLangSamplerServer(tiny_checkpoint, sampler=tiny_sampler, num_rows=ROWS, capacity=CAPACITY,
-                             min_pixels=1024, max_pixels=16_384) as server:
-        remote = sglang_policy.SGLangPolicy(sglang.SGLangClient(server.url))
+                             min_pixels=1024, max_pixels=16_384, deterministic_inference=True) as server:
+        remote = sglang_policy.SGLangPolicy(sglang.SGLangClient(server.url),
+                                            image_pad_id=tiny_renderer.tokenizer.image_pad_id)
         theirs = runner.run(tiny_env, remote, tasks[2:3], renderer=tiny_renderer, config=config, scorer=scorer)
         assert server.num_generate == sum(len(t.metadata["turns"]) for t in theirs[0].trajectories)
     for a, b in zip(ours[0].trajectories, theirs[0].trajectories, strict=True):

@@ -4,18 +4,28 @@
         client = SGLangClient(server.url)
         result = client.generate(input_ids, image_data=[...], sampling_params={...})
 
-Routes (as in sglang 0.5.23): `POST /generate` (`input_ids` already processor-expanded, `image_data`
-decoded and preprocessed with our processor, `return_logprob`, `sampling_seed`), `GET /health`,
-`GET /get_model_info`, `POST|GET /flush_cache`, `POST /update_weights_from_disk` (loads a checkpoint directory with
-`qwen3_vl.load` and swaps the weights in). Errors use SGLang's bodies: contract violations (unknown sampling param,
-wrong JSON type) 400 `{"error": "<text>"}`; bad input (placeholders that disagree with the images, `text`
-prompts, which this server does not tokenize) 400 `{"error": {"message"}}`; an unparsable body 400
-`{"object": "error", …}`.
+Routes (as in sglang 0.5.23): `POST /generate`, `GET /health`, `GET /model_info` (and its deprecated alias
+`/get_model_info`), `GET /server_info` (alias `/get_server_info`: the launch arguments, among them
+`enable_deterministic_inference`), `POST|GET /flush_cache`, `POST /update_weights_from_disk` (loads a checkpoint
+directory with `qwen3_vl.load` and swaps the weights in).
+
+`/generate` with `input_ids` and `image_data` follows upstream's multimodal processor: images are decoded and
+preprocessed with our processor at the server's pixel bounds; a prompt holding exactly ONE `<|image_pad|>` per image
+keeps its ids verbatim and each placeholder is expanded to its image's token count (upstream `_expand_input_ids`);
+a prompt with any other placeholder count (e.g. runs already expanded) is decoded to text, each
+`<|vision_start|><|image_pad|>…<|vision_end|>` span is collapsed to one placeholder (upstream's Qwen-VL image token
+pattern), the text is re-tokenised and then expanded — the token drift upstream warns about
+(`retokenized` counts these requests, `last_prompt` holds the ids the last request actually ran). `prompt_tokens`
+counts the expanded prompt. `sampling_seed` is honoured only when the server runs with
+`deterministic_inference=True` (upstream `--enable-deterministic-inference`); otherwise each request samples with a
+fresh seed of its own. Errors use SGLang's bodies: contract violations (unknown sampling param, wrong JSON type) 400
+`{"error": "<text>"}`; bad input (placeholders that cannot match the images, `text` prompts, which this server does
+not tokenize) 400 `{"error": {"message"}}`; an unparsable body 400 `{"object": "error", …}`.
 
 Like SGLang's radix cache, the server keeps each conversation's KV cache in a session row and reuses the longest
-cached prefix of a request (same tokens, same images): a multi-turn episode only appends its new tokens, exactly
-as the in-process sampler policy does, so the two produce the same tokens for the same seeds. Requests run one
-at a time.
+cached prefix of a request (same expanded tokens, same images): a multi-turn episode only appends its new tokens,
+exactly as the in-process sampler policy does, so the two produce the same tokens for the same seeds. Requests run
+one at a time.
 """
 
 from __future__ import annotations
@@ -23,6 +33,8 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
+import itertools
+import re
 import threading
 import time
 import uuid
@@ -42,6 +54,17 @@ from support.loopback import LoopbackServer, Reply
 FLUSH_OK = ("Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting "
             "requests, the operation will not be performed.)\n")
 DEFAULT_MAX_NEW_TOKENS = 128
+# upstream's Qwen-VL image token pattern: a whole placeholder span, however many pads it holds, is one image
+VISION_SPAN = re.compile(r"<\|vision_start\|>(?:<\|image_pad\|>)+<\|vision_end\|>")
+ONE_IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
+
+
+def expand_placeholders(ids: list[int], pad_id: int, counts: list[int]) -> list[int]:
+    """Upstream's `_expand_input_ids`: the caller's ids verbatim, the i-th placeholder repeated `counts[i]` times."""
+    out, images = [], iter(counts)
+    for token in ids:
+        out.extend([token] * next(images) if token == pad_id else [token])
+    return out
 
 
 class BadRequest(Exception):
@@ -112,11 +135,12 @@ class SGLangSamplerServer:
         capacity: initial cache slots per row.
         min_pixels / max_pixels: the server's image processor bounds.
         weight_version: initial `weight_version`.
+        deterministic_inference: honour `sampling_seed` (upstream `--enable-deterministic-inference`).
     """
 
     def __init__(self, checkpoint: str | Path, *, sampler: sampling.Sampler | None = None, num_rows: int = 4,
                  capacity: int | None = None, min_pixels: int = 4096, max_pixels: int = 160_000,
-                 weight_version: str = "default"):
+                 weight_version: str = "default", deterministic_inference: bool = False):
         self.model_path = str(checkpoint)
         self.tokenizer = tokenizer_lib.load_tokenizer(checkpoint)
         if sampler is None:
@@ -129,11 +153,18 @@ class SGLangSamplerServer:
         self._row_used = [0.0] * num_rows
         self._lock = threading.Lock()
         self.num_generate = 0
+        self.deterministic_inference = deterministic_inference
+        self.retokenized = 0
+        self.last_prompt: list[int] = []
+        self._fresh_seeds = itertools.count(1)
         self.http = LoopbackServer()
         self.http.route("POST", "/generate", self._generate)
         self.http.route("PUT", "/generate", self._generate)
         self.http.route("GET", "/health", lambda req: Reply())
-        self.http.route("GET", "/get_model_info", self._model_info)
+        for path in ("/model_info", "/get_model_info"):
+            self.http.route("GET", path, self._model_info)
+        for path in ("/server_info", "/get_server_info"):
+            self.http.route("GET", path, self._server_info)
         self.http.route("POST", "/flush_cache", self._flush)
         self.http.route("GET", "/flush_cache", self._flush)
         self.http.route("POST", "/update_weights_from_disk", self._update_weights)
@@ -198,6 +229,27 @@ class SGLangSamplerServer:
         self._row_images[row] = []
         return row, 0, 0
 
+    def _expanded_prompt(self, ids: list[int], images: list[tuple[str, np.ndarray, np.ndarray]]) -> list[int]:
+        """The ids the model runs: one placeholder per image expanded, anything else re-tokenised first."""
+        pad_id = self.sampler.config.image_token_id
+        merge = self.sampler.config.vision_config.spatial_merge_size
+        counts = [image_lib.image_token_count(g, merge_size=merge) for _, _, g in images]
+        if ids.count(pad_id) != len(images) and images:  # upstream falls back to decode + re-tokenise
+            self.retokenized += 1
+            ids = self.tokenizer.encode(VISION_SPAN.sub(ONE_IMAGE, self.tokenizer.decode(ids)))
+        if ids.count(pad_id) != len(images):
+            raise BadRequest("input", f"prompt has {ids.count(pad_id)} image placeholder token(s) but "
+                                      f"{len(images)} image(s) were provided")
+        expanded = expand_placeholders(ids, pad_id, counts)
+        self.last_prompt = expanded
+        return expanded
+
+    def _seed(self, params: dict[str, Any]) -> int:
+        """The request's seed when the server is deterministic, else a fresh one (upstream ignores the seed)."""
+        if self.deterministic_inference and params.get("sampling_seed") is not None:
+            return int(params["sampling_seed"]) & 0xFFFFFFFF
+        return (next(self._fresh_seeds) * 2654435761) & 0xFFFFFFFF
+
     def _generate(self, req) -> Reply:
         started = time.monotonic()
         try:
@@ -209,13 +261,10 @@ class SGLangSamplerServer:
                 return Reply.json({"object": "error", "message": err.message, "type": "Bad Request", "param": None,
                                    "code": 400}, status=400)
             return err.reply()
-        ids = body["input_ids"]
-        pad_id = self.sampler.config.image_token_id
-        expected = sum(image_lib.image_token_count(g, merge_size=self.sampler.config.vision_config.spatial_merge_size)
-                       for _, _, g in images)
-        if ids.count(pad_id) != expected:
-            return BadRequest("input", f"input_ids hold {ids.count(pad_id)} image tokens but the {len(images)} "
-                                       f"images of image_data need {expected}").reply()
+        try:
+            ids = self._expanded_prompt(body["input_ids"], images)
+        except BadRequest as err:
+            return err.reply()
         if params.get("n") not in (None, 1):
             return BadRequest("input", "this loopback server generates one sample per request (n = 1)").reply()
         max_new = params.get("max_new_tokens")
@@ -228,8 +277,7 @@ class SGLangSamplerServer:
             sampling_params = sampling.SamplingParams(
                 temperature=float(1.0 if params.get("temperature") is None else params["temperature"]),
                 top_p=float(params.get("top_p") or 1.0), top_k=0 if top_k in (None, -1) or top_k >= 2**30 else top_k,
-                max_new_tokens=max(1, max_new), stop_token_ids=stop_ids,
-                seed=int(params.get("sampling_seed") or 0) & 0xFFFFFFFF)
+                max_new_tokens=max(1, max_new), stop_token_ids=stop_ids, seed=self._seed(params))
         except ValueError as err:
             return BadRequest("input", str(err)).reply()
         rid = str(body.get("rid") or uuid.uuid4().hex)
@@ -296,6 +344,12 @@ class SGLangSamplerServer:
                            "disaggregation_mode": "null", "has_image_understanding": True,
                            "has_audio_understanding": False, "model_type": "qwen3_vl",
                            "architectures": ["Qwen3VLForConditionalGeneration"]})
+
+    def _server_info(self, req) -> Reply:
+        return Reply.json({"model_path": self.model_path, "tokenizer_path": self.model_path,
+                           "enable_deterministic_inference": self.deterministic_inference,
+                           "mm_attention_backend": None, "max_running_requests": 1, "internal_states": [{}],
+                           "version": "0.5.23"})
 
     def flush(self) -> None:
         """Empties every cached row."""
