@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -35,10 +36,13 @@ REWARD_KEYS: dict[str, type | tuple[type, ...]] = {
     "coverage_min": (int, float),  # sim: fraction of the target box a reference must contain
     "share_min": (int, float),  # sim: fraction of the reference the target must fill
     "rival_max": (int, float),  # sim: a sibling this large relative to the target makes it ambiguous
-    "judge_url": str,
+    "judge_url": str,  # judge: OpenAI-compatible base URL incl. /v1
     "judge_model": str,
-    "generator_url": str,
+    "judge_api_key_env": str,  # judge: environment variable holding its bearer key (unset: no key is sent)
+    "generator_kind": str,  # judge: "sglang" (SGLang images API, the default) or "gen_searcher" (its /generate)
+    "generator_url": (str, list),  # judge: service root; gen_searcher also takes a list of roots
     "generator_model": str,
+    "generator_api_key_env": str,  # judge, sglang generator: environment variable holding its bearer key
 }
 
 
@@ -109,6 +113,8 @@ ENV_KEYS = tuple(f.name for f in dataclasses.fields(EnvConfig))
 
 
 REWARD_KINDS = ("sim", "judge")
+GENERATOR_KINDS = ("sglang", "gen_searcher")
+_ENV_VAR = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _FRACTION_KEYS = ("coverage_min", "share_min", "rival_max")  # in (0, 1], as env.sim.rewards.Criteria checks
 # Former reward keys and where their setting lives now (an old environment file gets told).
 MOVED_REWARD_KEYS = {"max_references": "[env] max_answer_refs", "max_ref_images": "[env] max_answer_refs"}
@@ -137,6 +143,22 @@ def check_rewards(rewards: dict[str, Any], where: str) -> dict[str, Any]:
             raise ValueError(f"{where}: reward key {key!r} must be in (0, 1]; got {value!r}")
         if key == "min_references" and value < 0:
             raise ValueError(f"{where}: reward key 'min_references' must be >= 0; got {value!r}")
+        if key == "generator_kind" and value not in GENERATOR_KINDS:
+            raise ValueError(f"{where}: generator_kind {value!r} is not one of {list(GENERATOR_KINDS)}")
+        if key.endswith("_api_key_env") and not _ENV_VAR.match(value):
+            raise ValueError(f"{where}: reward key {key!r} must name an environment variable (e.g. \"OPENAI_API_KEY\", "
+                             f"no $); got {value!r}")
+        if key == "generator_url" and isinstance(value, list) and (
+                not value or not all(isinstance(u, str) and u for u in value)):
+            raise ValueError(f"{where}: reward key 'generator_url' must be a URL or a non-empty list of URLs; "
+                             f"got {value!r}")
+    kind = rewards.get("generator_kind", "sglang")
+    if kind == "sglang" and isinstance(rewards.get("generator_url"), list):
+        raise ValueError(f"{where}: generator_kind 'sglang' takes one generator_url; a list of URLs is for "
+                         "'gen_searcher'")
+    if kind == "gen_searcher" and rewards.get("generator_api_key_env"):
+        raise ValueError(f"{where}: generator_kind 'gen_searcher' takes no API key (its /generate service has no "
+                         "authentication); remove generator_api_key_env")
     return dict(rewards)
 
 

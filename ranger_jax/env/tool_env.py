@@ -148,6 +148,16 @@ class ToolEnv:
         self.runner = tool_runner.ToolRunner(backend, self.store, self.config, reader)
         self._background = background.BackgroundLoop("ToolEnv")
 
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """Facts about this env for logs and run records (plain JSON): the backend and what it reports of itself
+        (a live backend: its search service and whether it has a key), the tools, the reward kind, and `problems`
+        — what will make episodes fail (e.g. a live backend without a search key); empty when none."""
+        facts = dict(getattr(self.backend, "metadata", None) or {})
+        facts.setdefault("backend", type(self.backend).__name__)
+        return {**facts, "tools": list(self.config.tools), "reward_kind": self.rewards.get("kind", "sim"),
+                "problems": list(facts.get("problems", ()))}
+
     # ---- prompt side -------------------------------------------------------------------------------------
 
     def tool_schemas(self) -> list[dict[str, Any]]:

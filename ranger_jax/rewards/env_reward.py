@@ -4,14 +4,18 @@
 
 - `kind = "sim"` (the default): `rewards.offline.OfflineReward`, exact in the offline world (the backend's
   world), weighted by `text_coef`, with the hard-zero rules and the env's reference limits;
-- `kind = "judge"`: `rewards.live.JudgeReward`, the live flow (SGLang images API generator, K-Score and
-  text-reward judges over an OpenAI-compatible chat endpoint: `generator_url`, `judge_url`, `judge_model`).
+- `kind = "judge"`: `rewards.live.JudgeReward`, the live flow: a generator (`generator_kind = "sglang"`, the SGLang
+  images API, or `"gen_searcher"`, Gen-Searcher's `/generate` service, at `generator_url`), then K-Score and
+  text-reward judges over an OpenAI-compatible chat endpoint (`judge_url`, `judge_model`). Each service reads its
+  own key from the environment variable its settings name (`judge_api_key_env`, `generator_api_key_env`); a named
+  variable that is not set is an error when the reward is made, before any episode is scored.
 
 Any object with `async ascore(state) -> env.Score` can stand in (`ToolEnv(..., reward=...)` or `env.reward = ...`).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
@@ -38,19 +42,52 @@ def _setting(settings: Mapping[str, Any], key: str, where: str) -> Any:
     return settings[key]
 
 
-def make_reward(env: tool_env.ToolEnv, *, world: world_lib.World | None = None, api_key: str | None = None,
-                ground_truth: Callable[[core.Task], media.ImageLike | None] | None = None
-                ) -> offline.OfflineReward | live.JudgeReward:
+def service_key(settings: Mapping[str, Any], key_env_setting: str, environ: Mapping[str, str] | None = None,
+                where: str = "env rewards") -> str | None:
+    """The API key of one reward service: the value of the environment variable that `settings[key_env_setting]`
+    names, or None when the settings name none (the service takes no key).
+
+    Raises:
+        ValueError: the named variable is not set, naming it and the setting.
+    """
+    variable = settings.get(key_env_setting)
+    if not variable:
+        return None
+    value = (os.environ if environ is None else environ).get(variable)
+    if not value:
+        raise ValueError(f"{where}: ${variable} is not set ({key_env_setting} names it as the key of the "
+                         f"{key_env_setting.removesuffix('_api_key_env')})")
+    return value
+
+
+def make_generator(settings: Mapping[str, Any], *, environ: Mapping[str, str] | None = None,
+                   where: str = "env rewards") -> images_lib.Generator:
+    """The image generator the reward settings name: `generator_kind` "sglang" (default) or "gen_searcher".
+
+    Raises:
+        ValueError: a missing `generator_url` or an unset key variable, naming it.
+    """
+    url = _setting(settings, "generator_url", where)
+    if settings.get("generator_kind", "sglang") == "gen_searcher":
+        return images_lib.GenSearcherGenerator(url)
+    return images_lib.SGLangImageGenerator(url, model=settings.get("generator_model"),
+                                           api_key=service_key(settings, "generator_api_key_env", environ, where))
+
+
+def make_reward(env: tool_env.ToolEnv, *, world: world_lib.World | None = None,
+                ground_truth: Callable[[core.Task], media.ImageLike | None] | None = None,
+                environ: Mapping[str, str] | None = None) -> offline.OfflineReward | live.JudgeReward:
     """The reward `env`'s settings ask for (see the module docstring).
 
     Args:
         env: the environment (its `rewards` table and `config.max_answer_refs`).
         world: sim only: the offline world; default the backend's (`OfflineBackend.world`).
-        api_key: judge only: bearer key for the judge and generator servers.
         ground_truth: judge only: the GT image of a task (default `live.task_ground_truth`).
+        environ: judge only: where the services' key variables are read (default `os.environ`).
 
     Raises:
-        ValueError: an unknown kind, a sim reward without a world, or a judge setting that is missing (naming it).
+        ValueError: an unknown kind, a sim reward without a world, a judge setting that is missing, or a key
+            variable the settings name that is not set (naming it).
     """
     settings, where = env.rewards, "env rewards"
     kind = settings.get("kind", "sim")
@@ -63,9 +100,9 @@ def make_reward(env: tool_env.ToolEnv, *, world: world_lib.World | None = None, 
                              f"{type(env.backend).__name__} has none (use the offline backend or pass world=)")
         return offline.OfflineReward.from_env(env, world)
     judge_client = chat.ChatClient(_setting(settings, "judge_url", where),
-                                   model=_setting(settings, "judge_model", where), api_key=api_key)
-    generator = images_lib.SGLangImageGenerator(_setting(settings, "generator_url", where),
-                                                model=settings.get("generator_model"), api_key=api_key)
+                                   model=_setting(settings, "judge_model", where),
+                                   api_key=service_key(settings, "judge_api_key_env", environ, where))
+    generator = make_generator(settings, environ=environ, where=where)
     alpha = combine.clamp_alpha(settings.get("text_coef", 0.0))
     reward = live.LiveReward(generator, image_judge=KScoreJudge(judge_client) if alpha < 1 else None,
                              text_judge=TextRewardJudge(judge_client) if alpha > 0 else None, alpha=alpha,

@@ -47,8 +47,6 @@ class ScalePreset:
     max_pixels: int = 160_000
     actors: int = 2  # rollout actor processes (JAX sampler on their own devices, or SGLang clients)
     max_staleness: int = 2
-    serper_key_env: str = "SERPER_API_KEY"
-    judge_key_env: str = "RANGER_API_KEY"
 
 
 PRESETS: dict[str, ScalePreset] = {
@@ -68,11 +66,24 @@ class ScaleOptions:
     sglang_urls: tuple[str, ...] = ()  # policy servers for SGLang actors; empty = JAX actors on local devices
 
 
-def _env_rewards(env_file: str) -> dict[str, Any]:
+def _env_settings(env_file: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """([backend_options], [rewards]) of an environment (a shipped name or a .toml path)."""
     from ranger_jax.env import config as config_lib
     from ranger_jax.env import registry
 
-    return config_lib.load_env_file(registry.find_env_file(env_file)).rewards
+    settings = config_lib.load_env_file(registry.find_env_file(env_file))
+    return settings.backend_options, settings.rewards
+
+
+def _key_variables(backend_options: dict[str, Any], rewards: dict[str, Any]) -> list[tuple[str, str]]:
+    """(environment variable, what its key is for) of every service key the environment's settings name."""
+    from ranger_jax.env.backends import serper
+
+    keys = [(backend_options.get("serper_api_key_env", serper.API_KEY_ENV), "live text and image search")]
+    for setting, what in (("judge_api_key_env", "the reward's judge"), ("generator_api_key_env", "the generator")):
+        if rewards.get(setting):
+            keys.append((rewards[setting], what))
+    return keys
 
 
 def check(preset: ScalePreset, options: ScaleOptions, *, environ: dict[str, str] | None = None,
@@ -91,15 +102,16 @@ def check(preset: ScalePreset, options: ScaleOptions, *, environ: dict[str, str]
     elif not Path(options.tasks).is_file():
         problems.append(f"--tasks {options.tasks}: no such file")
     try:
-        rewards = _env_rewards(preset.env_file)
+        backend_options, rewards = _env_settings(preset.env_file)
     except (OSError, ValueError) as err:
         problems.append(f"env {preset.env_file}: {err}")
     else:
         for key in ("judge_url", "judge_model", "generator_url"):
             if not rewards.get(key):
                 problems.append(f"{preset.env_file} [rewards] {key} is not set (the judged reward needs it)")
-    if not environ.get(preset.serper_key_env):
-        problems.append(f"${preset.serper_key_env} is not set (live text and image search)")
+        for variable, what in _key_variables(backend_options, rewards):
+            if not environ.get(variable):
+                problems.append(f"${variable} is not set ({what}; named by env {preset.env_file})")
     if devices is None:
         import jax
 

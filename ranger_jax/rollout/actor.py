@@ -8,7 +8,9 @@
 Policies (`POLICIES`): `expert` / `naive` (the offline world's scripted agents; SFT data), `jax` (the in-process
 sampler on `--checkpoint`), `sglang` (an SGLang server), `harness` (an OpenAI-compatible chat model with tool
 calling; eval only). Shards are ArrayRecord files written atomically by `data.shards.RollingShardWriter`: a
-killed actor leaves no readable partial shard.
+killed actor leaves no readable partial shard. A run with remote services (an SGLang or chat policy, live search,
+judged rewards) first checks that each has its key and answers (`rollout.preflight`) and otherwise stops, naming
+every problem; each service has its own key (`--policy-api-key-env`; the env file names the others).
 
 By default the actor runs its tasks once. With `--weights-dir`, `--max-rounds` or `--stop-file` it runs as a
 decoupled process (`rollout.decoupled`): round after round over its tasks, loading each newer version the learner
@@ -49,7 +51,7 @@ from ranger_jax.processing import chat as chat_lib
 from ranger_jax.processing import tokenizer as tokenizer_lib
 from ranger_jax.rollout import episode as episode_lib
 from ranger_jax.rl import weights as weights_lib
-from ranger_jax.rollout import decoupled, harness, policy as policy_lib, runner, sampler_policy, scoring
+from ranger_jax.rollout import decoupled, harness, policy as policy_lib, preflight, runner, sampler_policy, scoring
 from ranger_jax.rollout import sequence, sglang_policy
 
 log = logging.getLogger(__name__)
@@ -260,7 +262,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--sglang-url")
     p.add_argument("--chat-url", help="OpenAI-compatible base URL incl. /v1 (harness)")
     p.add_argument("--chat-model")
-    p.add_argument("--api-key-env", default="RANGER_API_KEY", help="environment variable holding a bearer key")
+    p.add_argument("--policy-api-key-env", "--api-key-env", dest="policy_api_key_env", default="RANGER_API_KEY",
+                   help="environment variable holding the policy server's bearer key (sglang, harness); the "
+                        "search, judge and generator keys are named by the environment file")
+    p.add_argument("--no-preflight", action="store_true",
+                   help="skip the check that every remote service has its key and answers before the run")
     p.add_argument("--group-size", type=int, default=1, help="G: samples per task")
     p.add_argument("--concurrency", type=int, default=8, help="episodes in flight")
     p.add_argument("--seed", type=int, default=0, help="base seed of the episodes' sampling seeds (an SGLang server "
@@ -318,7 +324,7 @@ def main(argv: Sequence[str] | None = None) -> ActorSummary | decoupled.RoundsSu
                 wall_s=0.0, episodes_per_s=0.0, reward_mean=float("nan"), stopped_by="stop_file"))
         checkpoint, policy_version = str(weights_lib.version_dir(args.weights_dir, version)), version
     tokenizer = tokenizer_lib.load_tokenizer(args.tokenizer or checkpoint or default_tokenizer_dir())
-    api_key = os.environ.get(args.api_key_env)
+    api_key = os.environ.get(args.policy_api_key_env)
     vision = sequence.VisionSettings(min_pixels=args.min_pixels, max_pixels=args.max_pixels)
     config = runner.RolloutConfig(
         group_size=args.group_size, concurrency=args.concurrency, seed=args.seed, run_id=args.run_id,
@@ -328,11 +334,17 @@ def main(argv: Sequence[str] | None = None) -> ActorSummary | decoupled.RoundsSu
             blank_observations=args.blank_observations))
     renderer = chat_lib.ChatRenderer(tokenizer, merge_size=vision.merge_size)
     with env_lib.make(args.env, **({"world": args.world} if args.world else {})) as tool_env:
+        if not args.no_preflight:  # a missing key or a dead service stops the run here, not as zero rewards
+            try:
+                preflight.preflight(tool_env, policy=args.policy, policy_url=args.sglang_url or args.chat_url,
+                                    policy_key_env=args.policy_api_key_env)
+            except preflight.PreflightError as err:
+                raise SystemExit(f"actor: {err}") from err
         policy = build_policy(args.policy, PolicyOptions(
             tokenizer=tokenizer, env=tool_env, world=world, checkpoint=checkpoint, num_rows=args.concurrency,
             mesh_shape=_mesh_shape(args.mesh), sglang_url=args.sglang_url, chat_url=args.chat_url,
             chat_model=args.chat_model, api_key=api_key, policy_version=policy_version))
-        scorer = scoring.make_scorer(tool_env, world=world, generate_images=not args.no_images, api_key=api_key)
+        scorer = scoring.make_scorer(tool_env, world=world, generate_images=not args.no_images)
 
         async def run() -> ActorSummary | decoupled.RoundsSummary:
             try:

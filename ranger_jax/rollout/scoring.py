@@ -44,26 +44,27 @@ class EnvScorer:
 
 
 def make_scorer(env: tool_env.ToolEnv, *, world: world_lib.World | None = None, generate_images: bool = True,
-                api_key: str | None = None,
                 ground_truth: Callable[[core.Task], media.ImageLike | None] | None = None) -> EnvScorer:
     """The rollout scorer of `env`: its reward, and the offline compositor's picture for the viewer.
 
-    With `world`, `api_key` or `ground_truth`, the env's reward is first rebuilt from its settings with them
-    (`env.reward = rewards.env_reward.make_reward(env, ...)`), so `env.score` and the rollout agree.
+    With `world` or `ground_truth`, the env's reward is first rebuilt from its settings with them
+    (`env.reward = rewards.env_reward.make_reward(env, ...)`), so `env.score` and the rollout agree. The judge's
+    and generator's keys come from the environment variables the settings name (`judge_api_key_env`,
+    `generator_api_key_env`), never from the policy's.
 
     Args:
         env: the environment; its `[rewards]` settings choose the reward.
         world: sim: the offline world (default the backend's).
         generate_images: compose the viewer's image for rewards that generate none.
-        api_key: judge: bearer key for the judge and generator servers.
         ground_truth: judge: the GT image of a task (default `rewards.live.task_ground_truth`).
 
     Raises:
-        ValueError: the settings cannot make a reward (an unknown kind, no world, a missing judge key).
+        ValueError: the settings cannot make a reward (an unknown kind, no world, a missing judge setting, an unset
+            key variable).
         TypeError: a reward installed on the env has no `ascore`.
     """
-    if world is not None or api_key is not None or ground_truth is not None:
-        env.reward = env_reward.make_reward(env, world=world, api_key=api_key, ground_truth=ground_truth)
+    if world is not None or ground_truth is not None:
+        env.reward = env_reward.make_reward(env, world=world, ground_truth=ground_truth)
     elif not callable(getattr(env.reward, "ascore", None)):  # built now: a missing setting fails here, not mid-run
         raise TypeError(f"env.reward ({type(env.reward).__name__}) has no ascore(state) method")
     generator = compositor.CompositorGenerator(max_references=env.config.max_answer_refs) if generate_images \

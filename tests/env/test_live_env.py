@@ -5,6 +5,7 @@ import gzip
 import io
 import json
 import struct
+import warnings
 import zlib
 
 import numpy as np
@@ -13,7 +14,7 @@ from PIL import Image
 from support.loopback import LoopbackServer, Reply
 
 from ranger_jax import env
-from ranger_jax.env.backends import serper
+from ranger_jax.env.backends import live, serper
 
 ARTICLE = ("<html><head><title>Zurgrel Max 3 launch</title></head><body><article><p>The Zurgrel Max 3 Midnight "
            "has black checks on a red back and the emblem ZM3 below the camera. It went on sale on 16 May.</p>"
@@ -154,6 +155,25 @@ def test_failures_become_observations(web, monkeypatch):
         assert "refused to fetch http://[::1]:22/: loopback" in obs.text and obs.info["error"] == "url_refused"
         state, obs = tool_env.step(state, call("web_fetch", url="gopher://x.org/", prompt="x"))
         assert "scheme 'gopher'" in obs.text and not obs.done and obs.info["error"] == "url_refused"
+
+
+def test_a_live_env_without_a_search_key_warns_and_says_so_in_its_metadata(web, monkeypatch):
+    monkeypatch.delenv(serper.API_KEY_ENV, raising=False)
+    with pytest.warns(live.NoSearchKey, match=r"no Serper API key \(\$SERPER_API_KEY is not set\)"):
+        keyless = env.make("live", serper_base_url=web.url)
+    with keyless:
+        facts = keyless.metadata
+    assert facts["backend"] == "live" and facts["search_available"] is False and facts["search_key_env"] == \
+        "SERPER_API_KEY" and "$SERPER_API_KEY is not set" in facts["problems"][0]
+    json.dumps(facts)
+    monkeypatch.setenv("TEAM_SERPER_KEY", "k")  # the variable is a setting of the env file
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with env.make("live", serper_base_url=web.url, serper_api_key_env="TEAM_SERPER_KEY") as keyed:
+            assert keyed.metadata["search_available"] and keyed.metadata["problems"] == []
+            assert keyed.backend.search.api_key == "k"
+    with pytest.raises(ValueError, match="'serper_api_key_env' must name an environment variable"):
+        env.make("live", serper_api_key_env="$TEAM_SERPER_KEY")
 
 
 def test_a_host_that_does_not_resolve_is_not_reported_as_refused(web):

@@ -162,7 +162,7 @@ def test_errors(runs, world_dir, the_world):
     with env.make("savanna_sim", world=str(world_dir), kind="judge") as judged:
         with pytest.raises(ValueError, match=r"reward kind 'judge' needs the \[rewards\] key 'judge_url'"):
             judged.score(state)
-    with env.make("savanna_live") as live_env:
+    with env.make("savanna_live", judge_url="") as live_env:
         with pytest.raises(ValueError, match="judge_url"):
             env_reward.make_reward(live_env)
         live_env.reward = offline.OfflineReward(the_world)  # any reward can stand in

@@ -26,8 +26,18 @@ def test_missing_everything_is_named(monkeypatch):
     problems = presets.check(presets.PRESETS["savanna-8b-tpu"], presets.ScaleOptions(), environ={},
                              devices=jax.devices())
     text = "\n".join(problems)
-    for needle in ("--checkpoint", "--tasks", "judge_url", "generator_url", "$SERPER_API_KEY", "runs on tpu"):
+    for needle in ("--checkpoint", "--tasks", "$SERPER_API_KEY is not set", "$OPENAI_API_KEY is not set (the "
+                   "reward's judge; named by env savanna_live)", "runs on tpu"):
         assert needle in text
+    assert "judge_url" not in text  # the shipped environment names every service
+
+
+def test_an_incomplete_environment_file_is_named(tmp_path):
+    env_file = tmp_path / "live.toml"
+    env_file.write_text('backend = "live"\n[rewards]\nkind = "judge"\n')
+    preset = dataclasses.replace(presets.PRESETS["savanna-8b-gpu"], env_file=str(env_file))
+    text = "\n".join(presets.check(preset, presets.ScaleOptions(), environ={}, devices=jax.devices()))
+    assert "[rewards] judge_url is not set" in text and "[rewards] generator_url is not set" in text
 
 
 def test_a_ready_configuration_has_no_problems(tmp_path, monkeypatch):

@@ -1,9 +1,16 @@
-"""The live web backend: Serper for search, the guarded `WebFetcher` for pages and images."""
+"""The live web backend: Serper for search, the guarded `WebFetcher` for pages and images.
+
+A backend without a Serper key still runs (pages and images can be read), but every search answers "web search is
+unavailable": it warns at construction and says so in `metadata` (which `ToolEnv.metadata` reports), and
+`rollout.preflight` stops a live run before it starts.
+"""
 
 from __future__ import annotations
 
 import math
 import os
+import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -12,14 +19,15 @@ from ranger_jax.env.backends import base, serper, urlguard, web
 
 # Options `env.make("live", ...)` passes to LiveBackend.
 LIVE_OPTIONS = (
-    "serper_api_key", "serper_base_url", "gl", "hl", "cache_dir", "max_concurrency", "timeout_s", "max_retries",
-    "fetch_timeout_s", "fetch_max_retries", "max_page_bytes", "max_image_bytes", "min_image_bytes", "max_redirects",
-    "user_agent", "jina_base_url", "jina_api_key", "allow_hosts",
+    "serper_api_key", "serper_api_key_env", "serper_base_url", "gl", "hl", "cache_dir", "max_concurrency", "timeout_s",
+    "max_retries", "fetch_timeout_s", "fetch_max_retries", "max_page_bytes", "max_image_bytes", "min_image_bytes",
+    "max_redirects", "user_agent", "jina_base_url", "jina_api_key", "allow_hosts",
 )
 
 
 _STRINGS = ("serper_base_url", "user_agent")
 _OPTIONAL_STRINGS = ("serper_api_key", "gl", "hl", "jina_base_url", "jina_api_key")
+_ENV_VAR = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SECONDS = ("timeout_s", "fetch_timeout_s")
 _COUNTS = {"max_concurrency": 1, "max_retries": 0, "fetch_max_retries": 0, "max_page_bytes": 1, "max_image_bytes": 1,
            "min_image_bytes": 0, "max_redirects": 0}  # option -> smallest value
@@ -36,6 +44,9 @@ def check_options(options: dict[str, Any]) -> None:
             raise ValueError(f"live backend option {name!r} must be a non-empty string; got {value!r}")
         if name in _OPTIONAL_STRINGS and value is not None and not isinstance(value, str):
             raise ValueError(f"live backend option {name!r} must be a string or None; got {value!r}")
+        if name == "serper_api_key_env" and (not isinstance(value, str) or not _ENV_VAR.match(value)):
+            raise ValueError(f"live backend option 'serper_api_key_env' must name an environment variable (e.g. "
+                             f"\"SERPER_API_KEY\", no $); got {value!r}")
         if name == "cache_dir" and value is not None and not isinstance(value, (str, os.PathLike)):
             raise ValueError(f"live backend option 'cache_dir' must be a path or None; got {value!r}")
         if name in _SECONDS and (isinstance(value, bool) or not isinstance(value, (int, float))
@@ -45,11 +56,17 @@ def check_options(options: dict[str, Any]) -> None:
             raise ValueError(f"live backend option {name!r} must be an integer >= {_COUNTS[name]}; got {value!r}")
 
 
+class NoSearchKey(UserWarning):
+    """A live backend was built without a Serper API key: its searches cannot work."""
+
+
 class LiveBackend:
     """Search with Serper, read pages and download images from the open web (URL-guarded).
 
     Args:
-        serper_api_key: Serper key; None reads `SERPER_API_KEY` (a missing key is reported at search time).
+        serper_api_key: Serper key; None reads the environment variable `serper_api_key_env`. Without a key the
+            backend warns (`NoSearchKey`) and every search is reported to the policy as unavailable.
+        serper_api_key_env: the environment variable holding the Serper key (default `SERPER_API_KEY`).
         serper_base_url: Serper service root.
         gl, hl: Serper country and language.
         cache_dir: on-disk cache for search responses, pages and image bytes (None: no cache).
@@ -73,6 +90,7 @@ class LiveBackend:
         self,
         *,
         serper_api_key: str | None = None,
+        serper_api_key_env: str = serper.API_KEY_ENV,
         serper_base_url: str = serper.SERPER_BASE_URL,
         gl: str | None = None,
         hl: str | None = None,
@@ -99,8 +117,8 @@ class LiveBackend:
                              f"got {allow_hosts!r}")
         self.guard = urlguard.UrlGuard(tuple(allow_hosts))
         self.search = serper.SerperClient(
-            serper_api_key, base_url=serper_base_url, cache_dir=cache_dir, max_concurrency=max_concurrency,
-            timeout=http.as_timeout(timeout_s), max_retries=max_retries, gl=gl, hl=hl,
+            serper_api_key, api_key_env=serper_api_key_env, base_url=serper_base_url, cache_dir=cache_dir,
+            max_concurrency=max_concurrency, timeout=http.as_timeout(timeout_s), max_retries=max_retries, gl=gl, hl=hl,
         )
         self.fetcher = web.WebFetcher(
             self.guard, timeout_s=fetch_timeout_s, max_page_bytes=max_page_bytes, max_image_bytes=max_image_bytes,
@@ -108,6 +126,26 @@ class LiveBackend:
             max_concurrency=max_concurrency, user_agent=user_agent, jina_base_url=jina_base_url,
             jina_api_key=jina_api_key, cache_dir=cache_dir,
         )
+        if not self.search.api_key:
+            warnings.warn(self.search_problem, NoSearchKey, stacklevel=2)
+
+    @property
+    def search_problem(self) -> str | None:
+        """Why search cannot work (no Serper key), or None."""
+        if self.search.api_key:
+            return None
+        return (f"live backend: no Serper API key (${self.search.api_key_env} is not set), so every text_search and "
+                "image_search will answer 'web search is unavailable'")
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """What this backend can do, for `ToolEnv.metadata`: the search service, whether it has a key, and its
+        problems (empty when none)."""
+        problem = self.search_problem
+        return {"backend": "live", "search": "serper", "search_url": self.search.session.base_url,
+                "search_key_env": self.search.api_key_env, "search_available": problem is None,
+                "page_reader": "jina" if self.fetcher.jina_base_url else "direct",
+                "problems": [problem] if problem else []}
 
     async def text_search(self, query: str, *, top_k: int, tbs: str | None = None) -> list[base.TextHit]:
         """Serper web search, cut to `top_k` results."""

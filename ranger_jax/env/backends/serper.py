@@ -51,7 +51,9 @@ class SerperClient:
     """Async Serper client shared by many episodes.
 
     Args:
-        api_key: the Serper key; None reads `SERPER_API_KEY`. A missing key is reported at search time.
+        api_key: the Serper key; None reads the environment variable `api_key_env`. A missing key is reported at
+            search time.
+        api_key_env: the environment variable holding the key (default `SERPER_API_KEY`).
         base_url: service root (tests point it at a loopback server).
         cache_dir: response cache folder (None: no cache).
         max_concurrency: requests in flight per event loop.
@@ -60,11 +62,12 @@ class SerperClient:
         gl, hl: country and language sent with every query, when set.
     """
 
-    def __init__(self, api_key: str | None = None, *, base_url: str = SERPER_BASE_URL,
+    def __init__(self, api_key: str | None = None, *, api_key_env: str = API_KEY_ENV, base_url: str = SERPER_BASE_URL,
                  cache_dir: str | Path | None = None, max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
                  timeout: float | httpx.Timeout = DEFAULT_TIMEOUT, max_retries: int = http.DEFAULT_MAX_RETRIES,
                  gl: str | None = None, hl: str | None = None):
-        self.api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
+        self.api_key_env = api_key_env
+        self.api_key = api_key if api_key is not None else os.environ.get(api_key_env)
         self.session = http.Session(base_url, timeout=timeout, max_retries=max_retries,
                                     max_concurrency=max_concurrency)
         self.cache = cache_lib.JsonCache(cache_dir, "serper")
@@ -80,7 +83,7 @@ class SerperClient:
         if (cached := self.cache.get(key)) is not None:
             return cached.get(result_key) or []
         if not self.api_key:
-            raise base.SearchUnavailable(f"web search is unavailable: no Serper API key (set {API_KEY_ENV})")
+            raise base.SearchUnavailable(f"web search is unavailable: no Serper API key (set {self.api_key_env})")
         url = self.session.url(endpoint)
         try:
             response = await self.session.arequest("POST", endpoint, json=body, headers={"X-API-KEY": self.api_key})
