@@ -34,7 +34,14 @@ EXAMPLES = _examples()
 
 def test_each_user_group_has_an_example():
     assert [title for title, _ in EXAMPLES] == [
-        "Drive your own agent: the environment", "Load, run and save the model", "Record trajectories: rollouts"]
+        "Write your own agent", "Load, run and save the model", "Record trajectories: rollouts"]
+
+
+def test_write_your_own_agent_is_a_short_loop_from_make_to_a_score():
+    code = dict(EXAMPLES)["Write your own agent"]
+    assert len(code.strip().splitlines()) <= 25
+    for step in ("env.make(", ".reset(", ".observe(", ".step(", ".score("):
+        assert step in code, step
 
 
 @pytest.mark.parametrize("code", [code for _, code in EXAMPLES], ids=[title.split(":")[-1].strip().split()[-1]

@@ -1,4 +1,5 @@
 import asyncio
+import concurrent.futures
 import copy
 import datetime as dt
 import json
@@ -340,6 +341,27 @@ def test_astep_runs_many_episodes_in_one_loop_and_step_after(make_env):
     assert [len(s.images) for s in states] == [1 + i % 3 for i in range(12)]
     state, obs = e.step(e.reset(TASK), call("image_search", query="tower", top_k=1))  # a different loop
     assert [i.img_id for i in obs.images] == ["IMG_001"]
+
+
+def test_one_env_serves_many_threads_and_replays_exactly(make_env):
+    """The documented guarantees: `step` may be called from many threads at once on one env, and the same turns
+    give the same observations, image ids and pixels on a fresh env (the backend being deterministic)."""
+    script = [call("image_search", query="tower", top_k=3), call("crop_image", img_id="IMG_002", bbox=[0, 0, .5, 1]),
+              call("text_search", queries=["tower"]), answer("IMG_004", "IMG_001")]
+
+    def play(e, i):
+        state, seen = e.reset(env.Task(f"t{i}", "Draw the tower.", metadata={"today": "2025-12-01"})), []
+        for turn in script:
+            state, obs = e.step(state, turn)
+            seen.append((obs.text, [(im.img_id, im.image.tobytes()) for im in obs.images], obs.termination))
+        return seen, state.messages[1:], {k: r.sha256 for k, r in state.images.items()}
+
+    shared = make_env()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
+        runs = list(pool.map(lambda i: play(shared, i), range(16)))
+    alone = play(make_env(), 0)
+    assert all(run == alone for run in runs)
+    assert alone[0][-1][2] == env.ANSWER and alone[2]["IMG_004"] != alone[2]["IMG_002"]
 
 
 class _BrokenBackend:
