@@ -141,6 +141,12 @@ class SearchJudge:
         """Judges one search outcome; `references` maps img_id → the selected image. Raises judge.JudgeError."""
         return self.judge.judge(*self._inputs(prompt, target, references, answer_text, ground_truth))
 
+    async def ajudge_search(self, prompt: str, target: str, references: Mapping[str, media.ImageLike], *,
+                            answer_text: str = "", ground_truth: Sequence[media.ImageLike] = ()
+                            ) -> judge.Verdict[SearchVerdict]:
+        """The async `judge_search`. Raises judge.JudgeError."""
+        return await self.judge.ajudge(*self._inputs(prompt, target, references, answer_text, ground_truth))
+
 
 class GenerationJudge:
     """Identity tier + context criteria of a generated image (see the module docstring for the score).
@@ -173,3 +179,9 @@ class GenerationJudge:
                          ground_truth: Sequence[media.ImageLike] = ()) -> judge.Verdict[GenerationVerdict]:
         """Judges one generated image. Raises judge.JudgeError."""
         return self._judge(criteria).judge(*self._inputs(prompt, target, generated, criteria, ground_truth))
+
+    async def ajudge_generation(self, prompt: str, target: str, generated: media.ImageLike, *,
+                                criteria: Sequence[str] = (), ground_truth: Sequence[media.ImageLike] = ()
+                                ) -> judge.Verdict[GenerationVerdict]:
+        """The async `judge_generation`. Raises judge.JudgeError."""
+        return await self._judge(criteria).ajudge(*self._inputs(prompt, target, generated, criteria, ground_truth))
