@@ -38,8 +38,8 @@ class AgentResult:
         answer: the parsed answer, None when there is none.
         references: one JSON-ready dict per cited reference, in answer order: `img_id`, `note`, `file` (relative to
             the item folder; None when the image is unknown or gone), `url`, `page_url`, `title`, `width`,
-            `height`, and `crop` (`root_file`, `box` [x0, y0, x1, y1] in the root image's pixels, `root_width`,
-            `root_height`) for a crop, else None.
+            `height`, and `crop` (`root_id`, `root_file`, `box` [x0, y0, x1, y1] in the root image's pixels,
+            `root_width`, `root_height`) for a crop, else None.
         answer_text: the answer as judges read it (gen_prompt and references with their titles and pages).
         num_turns / num_tool_calls: the episode's counts.
     """
@@ -89,8 +89,9 @@ def copy_references(state: tool_env.EnvState, folder: Path) -> tuple[dict[str, A
                          width=record.width, height=record.height)
             root = _root_of(record, state.images) if record.parent_id is not None else None
             if root is not None and record.root_box is not None:
-                entry["crop"] = {"root_file": _copy(root, folder), "box": [float(v) for v in record.root_box],
-                                 "root_width": root.width, "root_height": root.height}
+                entry["crop"] = {"root_id": root.img_id, "root_file": _copy(root, folder),
+                                 "box": [float(v) for v in record.root_box], "root_width": root.width,
+                                 "root_height": root.height}
         out.append(entry)
     return tuple(out)
 

@@ -63,8 +63,9 @@ def _references(record: Mapping[str, Any], folder: str) -> str:
         title = " · ".join(str(v) for v in (ref.get("img_id"), ref.get("note"), ref.get("title")) if v)
         crop = ref.get("crop")
         if crop and crop.get("root_file"):
-            figures.append(_figure(f"{folder}/{crop['root_file']}", f"cut from: {ref.get('url') or ''}",
-                                   crop.get("box"), (crop.get("root_width"), crop.get("root_height"))))
+            figures.append(_figure(f"{folder}/{crop['root_file']}", f"{crop.get('root_id')}: {ref.get('img_id')} "
+                                   "is cut from the box", crop.get("box"),
+                                   (crop.get("root_width"), crop.get("root_height"))))
         if ref.get("file"):
             figures.append(_figure(f"{folder}/{ref['file']}", ("crop " if crop else "") + title))
         else:

@@ -89,8 +89,12 @@ def test_interrupted_run_resumes_to_the_same_scores(services, tmp_path):
         cli.main("knowgen", argv(services, out, "--concurrency", "1"), on_record=stop_after_two)
     assert sorted(store.RunStore(out).records()) == sorted(finished)
     assert not (out / "summary.json").exists()
+    killed = out / "items" / ".9107.partial"  # what a killed process leaves of an item in progress
+    killed.mkdir(exist_ok=True)
+    (killed / "image.png").write_bytes(b"half")
     calls_before = len(services.generator.calls)
     summary = cli.main("knowgen", argv(services, out))
+    assert not list((out / "items").glob(".*"))
     assert len(services.generator.calls) - calls_before == 5  # only the unfinished items are generated again
     check_scores(summary["scores"]["groups"])
     # a rerun of a finished run does nothing; --retry-failed redoes only the failed items (k5 and k6)

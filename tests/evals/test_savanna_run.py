@@ -129,7 +129,8 @@ def test_policy_in_the_offline_world(services, world_dir, tmp_path):
     trajectory = trajectory_lib.Trajectory.from_bytes((item_dir / "trajectory.rjt").read_bytes())
     assert trajectory.answer.reference_images[0].img_id == crop["img_id"] and trajectory.reward == 1.0
     gallery = (tmp_path / "run" / "gallery.html").read_text()
-    assert "items/s1/refs/IMG_005.png" in gallery and "cut from:" in gallery and 'class="box"' in gallery
+    assert "items/s1/refs/IMG_005.png" in gallery and 'class="box"' in gallery
+    assert f"{crop['crop']['root_id']}: IMG_005 is cut from the box" in gallery
 
 
 def test_scripted_policy_from_the_command_line(services, world_dir, tmp_path):
