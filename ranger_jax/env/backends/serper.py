@@ -129,6 +129,12 @@ class SerperClient:
                              date=_str(r.get("date")), position=_int(r.get("position")) or i + 1)
                 for i, r in enumerate(rows) if isinstance(r, dict) and _str(r.get("link"))]
 
+    async def news_rows(self, query: str, *, num: int = 10, tbs: str | None = None) -> list[dict[str, Any]]:
+        """The `news[]` rows as Serper sent them (`title`, `link`, `snippet`, `date`, `source`, `imageUrl`,
+        `position`), rows without a link left out: what a news-driven data pipeline reads."""
+        rows = await self._post("news", query, min(max(num, 1), MAX_NUM), tbs)
+        return [r for r in rows if isinstance(r, dict) and _str(r.get("link"))]
+
     async def images(self, query: str, *, num: int = 10, tbs: str | None = None) -> list[base.ImageHit]:
         """Image results (`images`): image URL, holding page, size."""
         rows = await self._post("images", query, min(max(num, 1), MAX_NUM), tbs)
