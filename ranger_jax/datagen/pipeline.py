@@ -34,6 +34,7 @@ from ranger_jax.clients import compositor
 from ranger_jax.datagen import (calls, categories, confusion, extract, groundtruth, ledger, news, records, services,
                                 splits, stages, synthesis, taxonomy, teacher, world_tasks)
 from ranger_jax.env import core
+from ranger_jax.env import tool_env as tool_env_lib
 from ranger_jax.env.backends import offline
 from ranger_jax.env.sim import agents, savanna
 from ranger_jax.env.sim import world as world_lib
@@ -288,17 +289,29 @@ async def _teacher(run: _Run) -> None:
     tasks, view = _tasks(run, prompts)
     name = OFFLINE_ENV if view is not None else config.env
     options = {**({"world": str(view)} if view is not None else {}), **config.env_options}
-    with env_lib.make(name, **options) as tool_env:
-        if view is not None:
-            scorer, judge = scoring.make_scorer(tool_env, generate_images=False), teacher.ExactSearchJudge()
-        else:
-            scorer = None
-            judge = teacher.LiveSearchJudge(run.services.chat("judge", "teacher"), {p.id: p.target for p in prompts})
-        policy = _teacher_policy(run, tool_env, tokenizer)
-        settings = teacher.TeacherConfig(batch_size=config.teacher_batch, concurrency=config.concurrency,
-                                         seed=config.seed, episode=config.episode)
-        await teacher.run_teacher(config.out, tool_env, policy, tasks, renderer=renderer, judge=judge,
-                                  config=settings, scorer=scorer, report=run.report, progress=config.progress)
+    with env_lib.make(name, **options) as made:
+        search, fetch = ("world", "world") if view is not None else ("serper", "web")
+        backend = services.RecordingBackend(made.backend, run.recorder, stage="teacher", search_service=search,
+                                            fetch_service=fetch)
+        with tool_env_lib.ToolEnv(backend, made.config, rewards=made.rewards) as tool_env:
+            await _roll_teacher(run, tool_env, tasks, prompts, view is not None, tokenizer, renderer)
+
+
+async def _roll_teacher(run: _Run, tool_env: tool_env_lib.ToolEnv, tasks: list[core.Task],
+                        prompts: list[records.Prompt], exact: bool, tokenizer: Any, renderer: chat.ChatRenderer
+                        ) -> None:
+    """The teacher stage inside its environment (whose backend records every search and fetch)."""
+    config = run.config
+    if exact:
+        scorer, judge = scoring.make_scorer(tool_env, generate_images=False), teacher.ExactSearchJudge()
+    else:
+        scorer = None
+        judge = teacher.LiveSearchJudge(run.services.chat("judge", "teacher"), {p.id: p.target for p in prompts})
+    policy = _teacher_policy(run, tool_env, tokenizer)
+    settings = teacher.TeacherConfig(batch_size=config.teacher_batch, concurrency=config.concurrency,
+                                     seed=config.seed, episode=config.episode)
+    await teacher.run_teacher(config.out, tool_env, policy, tasks, renderer=renderer, judge=judge, config=settings,
+                              scorer=scorer, report=run.report, progress=config.progress)
 
 
 async def _groundtruth(run: _Run) -> None:

@@ -241,6 +241,74 @@ class RecordingFetcher:
         return fetched.data
 
 
+class RecordingBackend:
+    """A search/fetch backend (`env.backends.base.Backend`) whose calls are recorded: what a teacher's tools search
+    and download is accounted like every other call. Attributes it does not wrap (the offline world, `today`, the
+    object finder) are the wrapped backend's.
+
+    Args:
+        backend: the backend to wrap.
+        recorder: where calls are recorded.
+        stage: the stage they belong to.
+        search_service / fetch_service: the service names searches and fetches are recorded under.
+    """
+
+    def __init__(self, backend: base.Backend, recorder: calls.Recorder, *, stage: str, search_service: str,
+                 fetch_service: str):
+        self.backend, self.recorder, self.stage = backend, recorder, stage
+        self.search_service, self.fetch_service = search_service, fetch_service
+
+    async def _call(self, service: str, endpoint: str, request: dict[str, Any], call, shown):
+        started = time.monotonic()
+        try:
+            result = await call()
+        except base.BackendError as err:
+            self.recorder.record(stage=self.stage, service=service, endpoint=endpoint, request=request, error=str(err),
+                                 latency_s=time.monotonic() - started)
+            raise
+        self.recorder.record(stage=self.stage, service=service, endpoint=endpoint, request=request,
+                             response=shown(result), latency_s=time.monotonic() - started)
+        return result
+
+    @staticmethod
+    def _rows(hits: Sequence[Any]) -> list[dict[str, Any]]:
+        return [dataclasses.asdict(h) for h in hits]
+
+    async def text_search(self, query: str, *, top_k: int, tbs: str | None = None) -> list[base.TextHit]:
+        """The wrapped backend's text search, recorded."""
+        return await self._call(self.search_service, "search", {"q": query, "top_k": top_k, "tbs": tbs},
+                                lambda: self.backend.text_search(query, top_k=top_k, tbs=tbs), self._rows)
+
+    async def image_search(self, query: str, *, top_k: int, tbs: str | None = None) -> list[base.ImageHit]:
+        """The wrapped backend's image search, recorded."""
+        return await self._call(self.search_service, "images", {"q": query, "top_k": top_k, "tbs": tbs},
+                                lambda: self.backend.image_search(query, top_k=top_k, tbs=tbs), self._rows)
+
+    async def fetch_page(self, url: str) -> base.Page:
+        """The wrapped backend's page fetch, recorded (the page's title and length)."""
+        return await self._call(self.fetch_service, url, {"url": url}, lambda: self.backend.fetch_page(url),
+                                lambda page: {"title": page.title, "chars": len(page.text)})
+
+    async def fetch_image(self, url: str, *, page_url: str | None = None) -> base.FetchedImage:
+        """The wrapped backend's image download, recorded (bytes by digest)."""
+        return await self._call(self.fetch_service, url, {"url": url},
+                                lambda: self.backend.fetch_image(url, page_url=page_url),
+                                lambda image: {"bytes": image.data, "content_type": image.content_type})
+
+    async def aclose(self) -> None:
+        """Closes the wrapped backend."""
+        await self.backend.aclose()
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self.backend, name)
+        if name == "news_search" and callable(value):  # the live backend's news tool, recorded too
+            async def news_search(query: str, *, top_k: int, tbs: str | None = None) -> list[base.TextHit]:
+                return await self._call(self.search_service, "news", {"q": query, "top_k": top_k, "tbs": tbs},
+                                        lambda: value(query, top_k=top_k, tbs=tbs), self._rows)
+            return news_search
+        return value
+
+
 class Services:
     """The clients of a run's services (built on first use), handed out per stage with recording.
 

@@ -1,6 +1,6 @@
-"""The offline data pipeline end to end on fresh worlds: news → requests → exact confusion filter → expert teacher →
-ground truth → splits, and what each output promises (the filter's effect on the naive agent, metadata, exact
-ShareGPT export, loadable splits, SFT steps on the shards, resuming without calls)."""
+"""The offline data pipeline end to end on fresh worlds: news → requests → exact confusion filter → expert
+teacher → ground truth → splits, and what each output promises (the filter's effect on the naive agent, metadata,
+exact ShareGPT export, loadable splits, SFT steps on the shards, resuming without calls)."""
 
 from __future__ import annotations
 
