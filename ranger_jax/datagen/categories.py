@@ -105,17 +105,20 @@ class LLMCategoryWriter:
     """Category prompts and QA conversions written by an OpenAI-compatible model.
 
     Args:
-        client: the writer's chat client for the stage (`services.RecordingChat`).
+        client: the writer's chat client for the category stage (`services.RecordingChat`).
         today: the day the prompts are asked on.
+        qa_client: the client QA conversions go through (the qa stage's; default `client`).
     """
 
-    def __init__(self, client: Any, *, today: dt.date, max_attempts: int = judge.DEFAULT_MAX_ATTEMPTS):
+    def __init__(self, client: Any, *, today: dt.date, qa_client: Any = None,
+                 max_attempts: int = judge.DEFAULT_MAX_ATTEMPTS):
         self.today = today
         self.categories = judge.VLMJudge(client, rubric=records.instructions("category"),
                                          schema_name="category_prompts", schema=CATEGORY_SCHEMA,
                                          validate=_validate_prompts, max_tokens=4096, max_attempts=max_attempts)
-        self.qa = judge.VLMJudge(client, rubric=records.instructions("qa_to_prompt"), schema_name="qa_prompt",
-                                 schema=QA_SCHEMA, validate=_validate_qa, max_tokens=1024, max_attempts=max_attempts)
+        self.qa = judge.VLMJudge(qa_client or client, rubric=records.instructions("qa_to_prompt"),
+                                 schema_name="qa_prompt", schema=QA_SCHEMA, validate=_validate_qa, max_tokens=1024,
+                                 max_attempts=max_attempts)
 
     async def write(self, category: str, batch: int, count: int) -> list[records.Prompt]:
         """`count` prompts for `category` (batch number `batch`). Raises judge.JudgeError."""

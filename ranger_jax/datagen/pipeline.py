@@ -201,7 +201,8 @@ class _Run:
     def category_writer(self) -> Any:
         if self.world is not None:
             return categories.TemplateCategoryWriter(self.world, today=_end(self.config))
-        return categories.LLMCategoryWriter(self.services.chat("llm", "category"), today=_end(self.config))
+        return categories.LLMCategoryWriter(self.services.chat("llm", "category"), today=_end(self.config),
+                                            qa_client=self.services.chat("llm", "qa"))
 
     def prompts(self) -> list[records.Prompt]:
         out = []
