@@ -345,7 +345,7 @@ class Services:
         timeout = {"timeout": spec.timeout_s} if spec.timeout_s else {}
         cache = None if self.cache_dir is None else Path(self.cache_dir) / role
         if role == "serper":
-            client = serper.SerperClient(key or "", base_url=str(spec.url), cache_dir=cache,
+            client = serper.SerperClient(key, base_url=str(spec.url), cache_dir=cache,
                                          max_concurrency=spec.max_concurrency, max_retries=spec.max_retries, **timeout)
         elif role == "generator":
             urls = spec.url if isinstance(spec.url, tuple) else (spec.url,)

@@ -4,11 +4,13 @@ near-duplicate filter against brute force, the crowding rule, the one-day news w
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 import itertools
 import json
 
 import pytest
+from support.recorded import record, tiny_renderer
 
 from ranger_jax.datagen import calls, confusion, dedupe, ledger, news, records, services, stages
 
@@ -185,3 +187,39 @@ def test_cli_rejects_unknown_stages_and_categories(tmp_path, capsys):
     with pytest.raises(SystemExit):
         cli.main(["--out", str(tmp_path), "--world", str(tmp_path), "--categories", "Cooking"])
     assert "unknown categories ['Cooking']" in capsys.readouterr().err
+
+
+def test_errors_name_what_is_wrong(tmp_path):
+    from ranger_jax.datagen import categories, groundtruth, pipeline, sft_export, splits, synthesis, teacher
+    from ranger_jax.datagen import world_tasks
+    from ranger_jax.env.backends import offline
+    from ranger_jax.env.sim import build
+
+    checks = [
+        (lambda: teacher.TeacherConfig(batch_size=0), "batch_size must be a positive int"),
+        (lambda: splits.SplitConfig(rl_fraction=1.5), "rl_fraction must be in"),
+        (lambda: synthesis.NewsConfig(end=dt.date(2026, 1, 1), headlines_per_query=50), "headlines_per_query"),
+        (lambda: groundtruth.QualityRule(minimum={"beauty": 1.0}), "unknown perspectives"),
+        (lambda: categories.CategoryConfig(today=dt.date(2026, 1, 1), calls_per_category=0), "calls_per_category"),
+        (lambda: pipeline.run(pipeline.RunConfig(out=tmp_path / "r"), stages_to_run=("teach",)), "unknown stages"),
+    ]
+    for call, match in checks:
+        with pytest.raises(ValueError, match=match):
+            call()
+    with pytest.raises(ValueError, match="needs the policy model's tokenizer"):
+        pipeline.run(pipeline.RunConfig(out=tmp_path / "r2", world=build.build_world(tmp_path / "w", 2, 5)),
+                     stages_to_run=("teacher",))
+    backend = offline.OfflineBackend(tmp_path / "w")
+    prompt = records.Prompt(id="p", prompt="Show it.", target="it", mode="text", date="d", today="d", target_id="e9")
+    with pytest.raises(ValueError, match="target_id 'e9'"):
+        asyncio.run(confusion.ExactConfusion(backend, calls.Recorder(None)).judge(prompt, stage="s"))
+    with pytest.raises(ValueError, match="target_id 'e9'"):
+        world_tasks.task_row(backend.world, prompt)
+    (tmp_path / "view").mkdir()
+    (tmp_path / "view" / "pages.jsonl").write_text("")
+    with pytest.raises(FileExistsError, match="is not a link"):
+        world_tasks.write_world_view(tmp_path / "w", tmp_path / "view", [])
+    traj, _ = record(tiny_renderer(tmp_path / "tok"), seed=0)
+    traj = dataclasses.replace(traj, messages=({"role": "user", "content": [{"type": "image", "img_id": "IMG_9"}]},))
+    with pytest.raises(ValueError, match=r"shows images \['IMG_9'\] it does not hold"):
+        sft_export.sharegpt_row(traj, {})
