@@ -7,9 +7,10 @@
 
 Each step is one Orbax directory `<directory>/<step>` with one item per array tree (`StandardSave`, written by
 tensorstore; each process writes its own shards) plus two JSON items: "data_state" (the data iterator's state,
-any JSON-able dict) and "model_config" (the model's `config.json` and runtime fields, so a step can be exported
-without the code that trained it). Saves are asynchronous: `save` returns once the arrays are copied off the
-devices, so the caller may donate or overwrite them; Orbax writes to a temporary directory and renames it when
+any JSON-able dict; with several processes every process's own, gathered by process index) and "model_config"
+(the model's `config.json` and runtime fields, so a step can be exported without the code that trained it).
+Saves are asynchronous: `save` returns once the arrays are copied off the devices, so the caller may donate or
+overwrite them; Orbax writes to a temporary directory and renames it when
 complete, so a process killed mid-save leaves the previous step as the latest. Restoring takes abstract targets
 (`jax.ShapeDtypeStruct` with shardings, see `abstract_like`) and places each array straight into its sharding.
 """
@@ -24,18 +25,20 @@ from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
-from etils import epath
 from flax import nnx
 
+from ranger_jax import storage
 from ranger_jax.models import qwen3_vl
 from ranger_jax.models.qwen3_vl import config as config_lib
 from ranger_jax.models.qwen3_vl import model as model_lib
+from ranger_jax.parallel import host_data
 from ranger_jax.parallel import rules as rules_lib
 from ranger_jax.processing import tokenizer as tokenizer_lib
 
 log = logging.getLogger(__name__)
 
 DATA_STATE = "data_state"
+PER_PROCESS = "per_process"  # with several processes the data_state item holds {PER_PROCESS: [state of each process]}
 MODEL_CONFIG = "model_config"
 DEFAULT_ITEMS = ("params", "optimizer")
 TOKENIZER_FILES = tokenizer_lib.TOKENIZER_FILES
@@ -87,7 +90,7 @@ class CheckpointManager:
                              f"{DATA_STATE!r} and {MODEL_CONFIG!r}")
         if max_to_keep is not None and max_to_keep < 1:
             raise ValueError(f"max_to_keep must be >= 1 or None, got {max_to_keep}")
-        self.directory = epath.Path(directory)
+        self.directory = storage.epath(directory)
         handlers = {name: ocp.StandardCheckpointHandler() for name in self.items}
         handlers[DATA_STATE] = ocp.JsonCheckpointHandler()
         handlers[MODEL_CONFIG] = ocp.JsonCheckpointHandler()
@@ -104,7 +107,8 @@ class CheckpointManager:
         Args:
             step: the step number (the directory name).
             state: {item name: pytree of arrays}, exactly the manager's `items`.
-            data_state: the data iterator's state, a JSON-able dict (e.g. a Grain iterator's `get_state()`).
+            data_state: this process's data iterator state, a JSON-able dict (e.g. a Grain iterator's `get_state()`);
+                with several processes every process passes its own and all are kept.
             model_config: the model's config, stored so that `export_hf` can rebuild the model.
             force: save even when `step` is off `save_interval_steps`.
 
@@ -114,7 +118,10 @@ class CheckpointManager:
         if set(state) != set(self.items):
             raise ValueError(f"checkpoint state items {sorted(state)} != the manager's items {sorted(self.items)}")
         args = {name: ocp.args.StandardSave(state[name]) for name in self.items}
-        args[DATA_STATE] = ocp.args.JsonSave(dict(data_state) if data_state is not None else None)
+        data = dict(data_state) if data_state is not None else None
+        if jax.process_count() > 1:  # Orbax writes JSON items from process 0 only: gather every process's state
+            data = {PER_PROCESS: host_data.gather_json(data)}
+        args[DATA_STATE] = ocp.args.JsonSave(data)
         args[MODEL_CONFIG] = ocp.args.JsonSave(_config_json(model_config) if model_config is not None else None)
         saved = self._manager.save(int(step), args=ocp.args.Composite(**args), force=force)
         if saved:
@@ -199,7 +206,18 @@ class CheckpointManager:
         args[DATA_STATE] = ocp.args.JsonRestore()
         restored = self._manager.restore(step, args=ocp.args.Composite(**args))
         log.info("checkpoint: restored step %d from %s", step, self.directory)
-        return {name: restored[name] for name in target}, restored[DATA_STATE]
+        return {name: restored[name] for name in target}, self._own_data_state(restored[DATA_STATE], step)
+
+    def _own_data_state(self, saved: Any, step: int) -> dict | None:
+        """This process's data iterator state from the saved item (see `save`)."""
+        count = jax.process_count()
+        per_process = saved.get(PER_PROCESS) if isinstance(saved, dict) else None
+        saved_count = len(per_process) if per_process is not None else 1
+        if saved is not None and saved_count != count:
+            raise ValueError(f"checkpoint {self.directory} step {step} holds the data state of {saved_count} "
+                             f"process(es) but this run has {count}; resume with {saved_count} process(es), or "
+                             "restore without the data state and restart the data pipeline")
+        return per_process[jax.process_index()] if per_process is not None else saved
 
     def model_config(self, step: int | None = None) -> config_lib.Qwen3VLConfig:
         """The model config saved with `step` (default: the latest).

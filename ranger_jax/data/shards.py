@@ -21,6 +21,7 @@ from typing import Any
 import grain
 from array_record.python import array_record_module
 
+from ranger_jax import storage
 from ranger_jax.data.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
@@ -163,19 +164,26 @@ class RollingShardWriter:
             self.close()
 
 
+def _path(location: str | os.PathLike) -> Path:
+    """A local path or `file://` URL as a Path; a bucket URL (`gs://`) as an etils path, which lists the bucket and
+    whose string ArrayRecord opens natively (`ranger_jax.storage`)."""
+    local = storage.local_path(location)
+    return local if local is not None else storage.epath(location)
+
+
 def list_shards(location: str | os.PathLike | Sequence[str | os.PathLike]) -> list[Path]:
     """Completed shards: a folder's `*.array_record` files (hidden temporaries skipped, sorted), or the given
-    file paths checked to exist.
+    file paths checked to exist. Folders and paths may be `file://` or `gs://` URLs.
 
     Raises:
         FileNotFoundError: a named shard file or folder does not exist.
     """
     if isinstance(location, (str, os.PathLike)):
-        path = Path(location)
+        path = _path(location)
         if path.is_dir():
             return sorted(p for p in path.glob(f"*{SHARD_SUFFIX}") if not p.name.startswith(".") and p.is_file())
         location = [path]
-    paths = [Path(p) for p in location]
+    paths = [_path(p) for p in location]
     for path in paths:
         if not path.is_file():
             raise FileNotFoundError(f"shard {path} does not exist")
@@ -217,7 +225,7 @@ def num_records(path: str | os.PathLike) -> int:
     Raises:
         FileNotFoundError: no such shard. CorruptShardError: not a readable ArrayRecord file.
     """
-    path = Path(path)
+    path = _path(path)
     if not path.is_file():
         raise FileNotFoundError(f"shard {path} does not exist")
     reader = _open_reader(path)
@@ -240,7 +248,7 @@ def read_shard(path: str | os.PathLike) -> Iterator[Trajectory]:
         FileNotFoundError: no such shard.
         CorruptShardError: the file, or a record in it, cannot be read (naming the shard and record).
     """
-    path = Path(path)
+    path = _path(path)
     if not path.is_file():
         raise FileNotFoundError(f"shard {path} does not exist")
     reader = _open_reader(path)
@@ -268,7 +276,7 @@ class TrajectorySource:
         loader = grain.MapDataset.source(TrajectorySource(folder, as_arrays=True)).shuffle(seed=0)
 
     Args:
-        location: a folder of shards, one shard path, or a list of shard paths.
+        location: a folder of shards, one shard path, or a list of shard paths (paths or `file://` / `gs://` URLs).
         as_arrays: yield dicts of arrays instead of Trajectory objects.
 
     Raises:

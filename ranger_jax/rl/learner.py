@@ -27,12 +27,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec
 
 from ranger_jax import checkpoint as checkpoint_lib
 from ranger_jax.models.qwen3_vl import config as model_config_lib
 from ranger_jax.models.qwen3_vl import loss as loss_lib
 from ranger_jax.models.qwen3_vl import model as model_lib
+from ranger_jax.parallel import host_data
 from ranger_jax.parallel import mesh as mesh_lib
 from ranger_jax.rl import train_step as train_step_lib
 from ranger_jax.rl.learner_config import LearnerConfig
@@ -116,13 +116,16 @@ def check_batch(batch: Mapping[str, Any], config: LearnerConfig, model_config: m
 
 
 def _check_rows(rows: int, accum: int, mesh: jax.sharding.Mesh | None) -> None:
+    """Checks the global batch's rows (this process's `rows` times the process count) against accum and mesh."""
+    local, rows = rows, host_data.global_rows(rows)
+    where = f" ({jax.process_count()} processes × {local} rows)" if rows != local else ""
     if rows % accum:
-        raise ValueError(f"LearnerConfig.grad_accum_steps={accum} does not divide the batch's {rows} rows")
+        raise ValueError(f"LearnerConfig.grad_accum_steps={accum} does not divide the batch's {rows} rows{where}")
     shards, product = _batch_shards(mesh)
     if (rows // accum) % shards:
-        raise ValueError(f"batch rows per microbatch ({rows} rows / grad_accum_steps {accum} = {rows // accum}) are "
-                         f"not divisible by the mesh's data × fsdp = {product} = {shards}; pad the batch with "
-                         f"row_valid = 0 rows to a multiple of {accum * shards}")
+        raise ValueError(f"batch rows per microbatch ({rows} rows{where} / grad_accum_steps {accum} = "
+                         f"{rows // accum}) are not divisible by the mesh's data × fsdp = {product} = {shards}; pad "
+                         f"the batch with row_valid = 0 rows to a multiple of {accum * shards}")
 
 
 class Learner:
@@ -190,13 +193,10 @@ class Learner:
         images = {k: np.asarray(batch[k], dtype) for k, dtype in _IMAGE_DTYPES.items() if batch.get(k) is not None}
         if self.mesh is None:
             return {k: jnp.asarray(v) for k, v in {**arrays, **images}.items()}
-        placed = {}
-        for key, value in arrays.items():
-            spec = PartitionSpec(train_step_lib.BATCH_AXES, *(None,) * (value.ndim - 1))
-            placed[key] = jax.make_array_from_process_local_data(NamedSharding(self.mesh, spec), value)
-        for key, value in images.items():
-            placed[key] = jax.device_put(value, NamedSharding(self.mesh, PartitionSpec()))
-        return placed
+        vision = self.model_config.vision_config
+        features = vision.in_channels * vision.temporal_patch_size * vision.patch_size ** 2
+        # this process's rows; with several processes the global batch is every process's rows (host_data)
+        return host_data.global_batch(arrays, images, self.mesh, train_step_lib.BATCH_AXES, image_features=features)
 
     def step(self, batch: Mapping[str, Any]) -> dict[str, float]:
         """One optimizer update from `batch` (host arrays, the learner batch contract).
@@ -220,7 +220,8 @@ class Learner:
         return {k: float(v) for k, v in jax.device_get(metrics).items()}
 
     def logprobs(self, batch: Mapping[str, Any]) -> np.ndarray:
-        """[B, T] float32 log-probabilities of the batch's tokens under the current parameters (0 at position 0)."""
+        """[B, T] float32 log-probabilities of the batch's tokens under the current parameters (0 at position 0); with
+        several processes, of this process's rows."""
         ids = np.asarray(batch["input_ids"])
         model_lib.check_inputs(self.model_config, ids, batch["attention_mask"], batch.get("pixel_values"),
                                batch.get("image_grid_thw"))
@@ -228,7 +229,11 @@ class Learner:
         keys = ("input_ids", "attention_mask", "pixel_values", "image_grid_thw")
         arrays = self._place_batch({k: batch[k] for k in keys if batch.get(k) is not None})
         with self._mesh_context():
-            return np.asarray(jax.device_get(_jit_logprobs(self.state.graphdef, self.state.params, arrays)))
+            logp = _jit_logprobs(self.state.graphdef, self.state.params, arrays)
+        if self.mesh is None:
+            return np.asarray(jax.device_get(logp))
+        # this process's rows, at its own length (other processes may have made the global batch longer)
+        return host_data.local_rows(logp, self.mesh, train_step_lib.BATCH_AXES)[:, :ids.shape[1]]
 
     # ----- weights out -----------------------------------------------------------------------------------------------
 

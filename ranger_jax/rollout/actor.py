@@ -322,7 +322,7 @@ def main(argv: Sequence[str] | None = None) -> ActorSummary | decoupled.RoundsSu
             return _finish(args, decoupled.RoundsSummary(
                 policy=args.policy, num_rounds=0, num_groups=0, num_trajectories=0, versions=(), shards=(),
                 wall_s=0.0, episodes_per_s=0.0, reward_mean=float("nan"), stopped_by="stop_file"))
-        checkpoint, policy_version = str(weights_lib.version_dir(args.weights_dir, version)), version
+        checkpoint, policy_version = str(weights_lib.local_version(args.weights_dir, version)), version
     tokenizer = tokenizer_lib.load_tokenizer(args.tokenizer or checkpoint or default_tokenizer_dir())
     api_key = os.environ.get(args.policy_api_key_env)
     vision = sequence.VisionSettings(min_pixels=args.min_pixels, max_pixels=args.max_pixels)
