@@ -47,7 +47,7 @@ class ImageRecord:
     Attributes:
         img_id: `IMG_001`, `IMG_002`, … stable within an episode.
         path: the image file: in the content-addressed image store (RGB, verified), or the backend's own trusted
-            file (offline-world PNGs whose SHA-256 matches the build; see `images.ImageStore.add`).
+            file (offline-world images whose SHA-256 matches the build; see `images.ImageStore.add`).
         sha256: hex digest of the stored file's bytes.
         width, height: pixel size of the stored image.
         url: where the image was downloaded from (None for crops).

@@ -153,12 +153,12 @@ class ImageStore:
         return image, fmt
 
     def _trusted(self, data: bytes, sha: str, path: str) -> StoredImage | None:
-        """`path` as a stored image when its header is a single-frame RGB PNG within the limits, else None."""
+        """`path` as a stored image when its header is a single-frame RGB PNG or JPEG within the limits, else None."""
         if len(data) > self.max_bytes:
             return None
         try:
             with Image.open(io.BytesIO(data)) as probe:
-                ok = probe.format == "PNG" and probe.mode == "RGB" and getattr(probe, "n_frames", 1) == 1
+                ok = probe.format in _KEEP_FORMATS and probe.mode == "RGB" and getattr(probe, "n_frames", 1) == 1
                 width, height = probe.size
         except Exception:  # noqa: BLE001 — anything odd goes through the full check instead
             return None

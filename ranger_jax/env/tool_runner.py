@@ -291,6 +291,7 @@ class ToolRunner:
         info.update(crop.info, tool=tools.FIND_OBJECT, match=found.score, pattern=found.pattern)
         seen = f"{found.colours[0]} with {found.colours[1]} {found.pattern}" if found.pattern else \
             f"{found.colours[0]} and {found.colours[1]}"
+        seen += f", {found.trim} trim" if found.trim else ""
         body = f"Best match in {record.img_id} ({seen}, match {found.score:.2f}). {crop.body}"
         return ToolResult(body=body, shown=crop.shown, info=info)
 

@@ -1,4 +1,5 @@
-"""The pixel-only object finder and the find_object tool, checked against the world's own annotations."""
+"""The pixel-only object finder and the find_object tool, checked against the world's own annotations: drawn
+pictures (version-1 worlds) and photographs (lit, JPEG-compressed version-2 worlds)."""
 
 from __future__ import annotations
 
@@ -111,7 +112,15 @@ def small_world(tmp_path_factory):
     from ranger_jax.env.sim import build
 
     root = tmp_path_factory.mktemp("finder") / "world"
-    build.build_world(root, num_tasks=8, seed=11)
+    build.build_world(root, num_tasks=8, seed=11, world_version=1)
+    return root, world.load_world(root), world.load_tasks(root)
+
+
+@pytest.fixture(scope="module")
+def photo_world(tmp_path_factory):
+    from ranger_jax.env.sim import build
+
+    root = build.build_world(tmp_path_factory.mktemp("finder") / "photos", num_tasks=6, seed=11)
     return root, world.load_world(root), world.load_tasks(root)
 
 
@@ -133,3 +142,88 @@ def test_snippet_agent_can_search_the_request_verbatim(small_world):
         else "](" not in final.messages[3]["content"]
     with pytest.raises(ValueError, match="'names'"):
         SnippetAgent(query="names")
+
+
+def _drawn_scene() -> Image.Image:
+    """Two navy-and-white hooped panels, alike but for their trim (lime left, orange right), and a red one."""
+    image = Image.new("RGB", (240, 120), (150, 140, 110))
+    for x0, trim in ((10, "lime"), (110, "orange")):
+        from ranger_jax.env.sim.world import Attributes, Entity
+
+        entity = Entity(id="x", family="F", name="F", noun="kit", subcategory="team kits", domain="Sports",
+                        edition="1", variant="Home", released="2026-01-01",
+                        attributes=Attributes(primary="navy", secondary="white", pattern="hoops", emblem="F1",
+                                              trim=trim))
+        render.draw_entity(image, entity, "car", (x0, 40, x0 + 90, 90))
+    ImageDraw.Draw(image).rectangle((210, 20, 235, 100), fill=catalog.COLOURS["red"])
+    return image
+
+
+def _photograph(image: Image.Image, gains: tuple[float, float, float], quality: int = 70) -> Image.Image:
+    """`image` under per-channel gains, through a JPEG round trip (the independent reference for the light)."""
+    import io
+
+    import numpy as np
+
+    lit = np.clip(np.rint(np.asarray(image, dtype=np.float64) * np.asarray(gains)), 0, 255).astype(np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(lit).save(buffer, "JPEG", quality=quality)
+    return Image.open(io.BytesIO(buffer.getvalue())).convert("RGB")
+
+
+def _swatches() -> Image.Image:
+    """Every painted colour as a 30 x 30 patch on a muted ground."""
+    image = Image.new("RGB", (8 * 40, 2 * 40 + 10), (120, 128, 120))
+    draw = ImageDraw.Draw(image)
+    for i, rgb in enumerate(catalog.COLOURS.values()):
+        x, y = 5 + 40 * (i % 8), 5 + 40 * (i // 8)
+        draw.rectangle((x, y, x + 29, y + 29), fill=rgb)
+    return image
+
+
+@pytest.mark.parametrize("gains", [(0.82, 0.8, 0.78), (1.0, 1.0, 1.0), (1.12, 1.08, 1.1)])
+def test_the_light_of_a_photograph_is_estimated(gains):
+    import numpy as np
+
+    picture = _photograph(_swatches(), gains)
+    pixels = np.asarray(picture, dtype=np.int16)
+    assert perception.is_photograph(pixels) and not perception.is_photograph(np.asarray(_drawn_scene()))
+    # within 5 %: at most about 12 levels on a bright colour, well inside PHOTO_TOLERANCE
+    assert np.allclose(perception.estimate_light(pixels, catalog.COLOURS), gains, atol=0.05)
+
+
+def test_a_trim_tells_look_alikes_apart_and_outlines_the_whole_object():
+    finder = perception.ObjectFinder(palette=catalog.COLOURS, patterns=render.pattern_drawers(),
+                                     trim_inset=render.trim_width)
+    picture = _photograph(_drawn_scene(), (0.9, 0.88, 0.93))
+    assert finder.parse_trim("navy with white hoops, orange trim") == "orange"
+    assert finder.parse_trim("navy with a plain finish with white trim") is None  # a version-1 look, no third colour
+    cars = {"lime": (10, 40, 100, 90), "orange": (110, 40, 200, 90)}
+    for trim, car in cars.items():
+        best = finder.find(picture, f"navy with white hoops, {trim} trim")[0]
+        assert best.trim == trim and best.pattern == "hoops"
+        x0, y0, x1, y1 = finder.crop_box(best, picture.width, picture.height)
+        region = (x0 * picture.width, y0 * picture.height, x1 * picture.width, y1 * picture.height)
+        for other, box in cars.items():  # the crop holds this car (roof included: not navy or white), not the other
+            covered = world.box_area(world.box_intersection(box, region)) / world.box_area(box)
+            assert covered >= 0.8 if other == trim else covered < 0.3, (trim, other, covered)
+
+
+def test_locates_version_two_targets_from_photographs(photo_world):
+    root, the_world, tasks = photo_world
+    finder = perception.ObjectFinder(palette=catalog.COLOURS, patterns=render.pattern_drawers(),
+                                     trim_inset=render.trim_width)
+    hits = total = 0
+    for task in tasks:
+        for target_id in task.ground_truth["target_ids"]:
+            look = the_world.entities[target_id].attributes
+            for image in the_world.images.values():
+                boxes = {o.entity_id: o.box for o in image.objects if o.visible >= 0.9}
+                if target_id not in boxes:
+                    continue
+                found = finder.find(Image.open(root / image.file), f"{look.primary} with {look.secondary} "
+                                                                  f"{look.pattern}, {look.trim} trim")
+                total += 1
+                hits += bool(found) and box_iou(found[0].box, boxes[target_id]) >= 0.5
+    assert total >= 10
+    assert hits / total >= 0.75, (hits, total)

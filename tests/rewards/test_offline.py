@@ -16,7 +16,7 @@ from ranger_jax.rewards import combine, env_reward, offline
 
 @pytest.fixture(scope="module")
 def world_dir(tmp_path_factory):
-    return build.build_world(tmp_path_factory.mktemp("offline_reward") / "w", 3, 21)
+    return build.build_world(tmp_path_factory.mktemp("offline_reward") / "w", 3, 21, world_version=1)
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,7 @@ SAMPLER_ROWS = 2
 
 @pytest.fixture(scope="session")
 def world_dir(tmp_path_factory):
-    return build.build_world(tmp_path_factory.mktemp("rollout") / "world", WORLD_TASKS, WORLD_SEED)
+    return build.build_world(tmp_path_factory.mktemp("rollout") / "world", WORLD_TASKS, WORLD_SEED, world_version=1)
 
 
 @pytest.fixture(scope="session")

@@ -62,8 +62,8 @@ def test_env_option_replaces_the_recorded_settings(checkpoint, world_dir):
 def test_agents_by_name_and_errors(world_dir, the_world, checkpoint):
     by_name = evaluate.evaluate(world_dir, "expert", limit=2)
     assert by_name["search_score"] == 1.0 and by_name["policy"] == "expert"
-    with pytest.raises(ValueError, match=r"policy 'nope' is neither a built-in agent \['expert', 'finder', "
-                                         r"'naive'\] nor a checkpoint folder"):
+    with pytest.raises(ValueError, match=r"policy 'nope' is neither a built-in agent \['caption', 'expert', "
+                                         r"'finder', 'naive', 'pixel_expert', 'snippet'\] nor a checkpoint folder"):
         evaluate.evaluate(world_dir, "nope")
     with pytest.raises(FileNotFoundError, match="is not a checkpoint folder"):
         evaluate.evaluate_checkpoint(world_dir, world_dir)

@@ -4,20 +4,27 @@ Both agents are policies in the same sense as a model: `act(state) -> assistant_
 so far (`state.messages`, `state.images`) and writes `<think>…</think><tool_call>{…}</tool_call>` or
 `<answer>{…}</answer>`, so their trajectories are valid SFT data.
 
-- `ExpertAgent` — Locate, Corroborate, Isolate:
-  1. Locate: `text_search` the proper nouns of the request (past month when the request says the thing is
-     new), then `web_fetch` the most promising hits (name overlap, launch articles, recency) until a fact
-     sheet names a release that matches the request — the newest one when the request asks for the new one.
-  2. Corroborate: `image_search` that release by name, restricted to dates since its release; every image
-     returned is checked object by object against the colours, pattern and emblem from the fact sheet.
-     Candidates that fail the check (earlier editions, other colourways) are discarded; wider searches follow
-     when none passes.
-  3. Isolate: `crop_image` the matching object out of its scene, then answer with a gen_prompt that spells
-     out the identifying attributes and cites the crop.
+- `ExpertAgent` — Locate, Corroborate, Isolate, for one subject or two (`requests.parse_request`):
+  1. Locate: `text_search` each subject (its proper nouns, or its maker: past month when the request says the
+     thing is new), then `web_fetch` up to five promising hits at once (name overlap, launch headlines, no
+     keyword-stuffed or rumour headlines, recency), more pages or a narrower search while facts are missing.
+     Facts are read from the pages (`knowledge`: prose in version-2 worlds, fact sheets in version 1; pages
+     that hedge are not trusted; a maker's family is found the same way); the release meant is the newest
+     whose name holds every word the request names, with no special-edition tag the request did not ask for.
+  2. Corroborate: `image_search` that release by name, restricted to dates since its release; every picture
+     is checked object by object against the colours, pattern, trim and emblem the pages gave. Look-alikes
+     (earlier editions, other colourways, special editions, leaks, fan renders, re-hosts captioned with the
+     release's name) fail the check; when nothing passes, a second search asks for the alt text of a picture
+     on the release's own article.
+  3. Isolate: `crop_image` the matching object (preferring one that stands in front, whole, with little
+     overlap), then answer with a gen_prompt that spells out the attributes of each subject and cites the crops.
   Pixels are read through `detector.OracleDetector`, a stand-in for a perfect VLM's grounding (it reports
   boxes and visible attributes, never identities); the agent never reads the task's ground truth. It reads
-  fact sheets from the page text, so it expects `web_fetch` without a summariser (the offline default).
+  page text, so it expects `web_fetch` without a summariser (the offline default). `isolate` is the one
+  perception step; `finder_agent.PixelExpertAgent` replaces it with the pixel-only `find_object` tool.
 - `NaiveAgent`: `image_search` the request, answer with the first image.
+- `CaptionAgent`: one image search for the request's names, answer with the best-captioned picture (a one-pass
+  strategy; `finder_agent.SnippetAgent` is the one-pass strategy that picks by colour).
 """
 
 from __future__ import annotations
@@ -28,29 +35,20 @@ import json
 import re
 from typing import Any, Protocol
 
-from ranger_jax.env.sim import bm25
+from ranger_jax.env.sim import knowledge, requests
 from ranger_jax.env.sim.detector import Detection, OracleDetector
-from ranger_jax.env.sim.world import Attributes, box_area
+from ranger_jax.env.sim.world import box_area, box_intersection
 
-# Tool budget: at most 2 + 3 + 2 + 1 = 8 calls, the environment's default limit.
-MAX_TEXT_SEARCHES = 2
-MAX_FETCHES = 3
-MAX_IMAGE_SEARCHES = 2
-RECENT_DAYS = 45  # a release this recent counts as "new"
-RECENCY_CUES = ("new", "latest", "newest", "just-released", "just released", "revealed", "this week",
-                "last week", "days ago", "weeks ago", "recent", "brand-new")
-# Headlines and snippets of launch articles and side-by-side pieces, the pages that carry fact sheets.
-_LAUNCH = re.compile(r"\b(unveils|unveiled|reveals|revealed|official|officially|first look|arrives|vs|what changed|"
-                     r"side by side|goes on sale)\b", re.IGNORECASE)
+MAX_TOOL_CALLS = 8  # the environment's default limit
+MAX_TEXT_SEARCHES = 3
+MAX_IMAGE_SEARCHES = 4  # per subject, as the tool budget allows
+FETCH_URLS = 5  # pages read by one web_fetch call
+RECENT_DAYS = knowledge.RECENT_DAYS
+RECENCY_CUES = requests.RECENCY_CUES
+# Headlines and snippets of launch articles and side-by-side pieces, the pages that carry facts.
+_LAUNCH = knowledge.LAUNCH_CUES
 
 _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
-_TEXT_HIT = re.compile(r"^\d+\. \[(?P<title>[^\]]*)\]\((?P<url>[^)\s]+)\)(?: \((?P<date>[^)]*)\))?"
-                       r"(?:\n(?P<snippet>(?!\d+\. \[|--- ).*))?$", re.MULTILINE)
-_FACT_SHEET = re.compile(
-    r"Fact sheet\nName: (?P<name>.+)\nSeries: (?P<series>.+)\nRelease date: (?P<released>\d{4}-\d{2}-\d{2})\n"
-    r"Colours: (?P<primary>[\w-]+), (?P<secondary>[\w-]+)\nPattern: (?P<pattern>[\w-]+)\nEmblem: (?P<emblem>\S+)"
-)
-_IMAGE_LINE = re.compile(r"^(IMG_\d+): ", re.MULTILINE)
 
 
 class Policy(Protocol):
@@ -70,21 +68,7 @@ class Turn:
     img_ids: tuple[str, ...]
 
 
-@dataclasses.dataclass(frozen=True)
-class Release:
-    """A fact sheet read from a page: a release's name, series, date and visible attributes."""
-
-    name: str
-    series: str
-    released: str
-    attributes: Attributes
-
-    @classmethod
-    def from_match(cls, m: re.Match) -> Release:
-        """The release of one `_FACT_SHEET` match."""
-        return cls(name=m["name"], series=m["series"], released=m["released"],
-                   attributes=Attributes(primary=m["primary"], secondary=m["secondary"], pattern=m["pattern"],
-                                         emblem=m["emblem"]))
+Release = knowledge.Release
 
 
 def read_history(state: Any) -> list[Turn]:
@@ -131,17 +115,27 @@ def subject_query(prompt: str) -> str:
 
 def wants_recent(prompt: str) -> bool:
     """Whether the request asks for a recent release."""
-    text = prompt.lower()
-    return any(re.search(rf"(?<![a-z]){re.escape(cue)}(?![a-z])", text) for cue in RECENCY_CUES)
+    return requests.wants_recent(prompt)
 
 
-def _describe(release: Release) -> str:
+def describe(release: Release) -> str:
+    """The release and the attributes that identify it, in words: "the X kit (navy with white hoops, …)"."""
     a = release.attributes
-    if a.pattern == "plain":
-        look = f"plain {a.primary} with {a.secondary} trim"
+    if a.primary and a.secondary:
+        look = f"plain {a.primary} with {a.secondary} bands" if a.pattern == "plain" else \
+            f"{a.primary} with {a.secondary} {a.pattern}".rstrip()
     else:
-        look = f"{a.primary} with {a.secondary} {a.pattern}"
-    return f"the {release.name} ({look}, {a.emblem} emblem)"
+        look = " ".join(v for v in (a.primary, a.secondary, a.pattern) if v) or "look unknown"
+    extra = [f"{a.trim} trim"] if a.trim else []
+    extra += [f"{a.emblem} emblem"] if a.emblem else []
+    return f"the {release.name} ({', '.join([look, *extra])})"
+
+
+# Words of the prose that states each fact (`prose.PHRASINGS`), for a search that looks for the missing ones.
+_LAUNCH_WORDS = "unveils revealed official"
+_CUE_WORDS = {"released": "release date sale unveils revealed", "primary": "colour colourway",
+              "secondary": "colour colourway", "pattern": "pattern design covered", "emblem": "emblem badge crest",
+              "trim": "trim edges outline"}
 
 
 class ExpertAgent:
@@ -151,160 +145,220 @@ class ExpertAgent:
         detector: perception of objects inside images (an `OracleDetector` over the episode's world).
     """
 
-    def __init__(self, detector: OracleDetector):
+    def __init__(self, detector: OracleDetector | None):
         self.detector = detector
 
     # ---- reading the episode -------------------------------------------------------------------------
 
     @staticmethod
-    def _hits(turns: list[Turn]) -> list[dict[str, str]]:
-        seen, hits = set(), []
-        for turn in turns:
-            if turn.name == "text_search":
-                for m in _TEXT_HIT.finditer(turn.response):
-                    if m["url"] not in seen:
-                        seen.add(m["url"])
-                        hits.append({"title": m["title"], "url": m["url"], "date": m["date"] or "",
-                                     "snippet": m["snippet"] or ""})
-        return hits
+    def findings(state: Any, turns: list[Turn]) -> list[knowledge.Finding]:
+        """What the episode has established about each subject of the request (`knowledge.findings`)."""
+        return knowledge.findings(state.task.prompt, turns, state.today)
 
     @staticmethod
-    def _releases(turns: list[Turn]) -> list[Release]:
-        found = {}
-        for turn in turns:
-            if turn.name == "web_fetch":
-                for m in _FACT_SHEET.finditer(turn.response):
-                    found.setdefault(m["name"], Release.from_match(m))
-        return list(found.values())
+    def _searches(turns: list[Turn], release: Release) -> list[Turn]:
+        return [t for t in turns if t.name == "image_search" and str(t.arguments.get("query", "")).startswith(
+            release.name)]
 
     @staticmethod
-    def _choose(prompt: str, releases: list[Release], today: dt.date) -> tuple[Release | None, bool]:
-        """The release the request means, and whether the evidence is conclusive."""
-        words = set(bm25.tokenize(prompt))
-        scored = [(len(words & set(bm25.tokenize(r.name))), r) for r in releases]
-        best = max((s for s, _ in scored), default=0)
-        if best < 2:
-            return None, False
-        candidates = [r for s, r in scored if s == best]
-        target = max(candidates, key=lambda r: (r.released, r.name))
-        if wants_recent(prompt):
-            return target, (today - dt.date.fromisoformat(target.released)).days <= RECENT_DAYS
-        digits = {w for w in bm25.tokenize(subject_query(prompt)) if w.isdigit()}
-        return target, digits <= set(bm25.tokenize(target.name))
+    def _images(state: Any, searches: list[Turn]) -> list[str]:
+        """Ids of the downloaded pictures those searches showed (crops left out)."""
+        ids = dict.fromkeys(i for t in searches for i in t.img_ids)
+        return [i for i in ids if i in state.images and state.images[i].root_box is None]
 
-    def _matches(self, state: Any, release: Release) -> list[tuple[str, Detection]]:
-        """(img_id, detection) of every object in the episode's downloaded images that looks like `release`."""
+    def _matches(self, state: Any, release: Release, img_ids: list[str]) -> list[tuple[str, Detection, float]]:
+        """(img_id, detection, overlap with other objects) of every object that looks like `release`."""
         out = []
-        for img_id in sorted(state.images):
-            record = state.images[img_id]
-            if record.root_box is not None:
-                continue
-            for det in self.detector.detect(record):
-                if det.attributes == release.attributes and release.name.endswith(det.kind):
-                    out.append((img_id, det))
+        want = release.attributes.as_dict()
+        for img_id in img_ids:
+            found = self.detector.detect(state.images[img_id])
+            for det in found:
+                seen = det.attributes.as_dict()
+                if any(value and seen.get(key) != value for key, value in want.items()):  # known attributes only
+                    continue
+                if not release.name.endswith(det.kind):
+                    continue
+                overlap = sum(box_area(box_intersection(det.box, o.box)) for o in found if o is not det)
+                out.append((img_id, det, overlap / max(box_area(det.box), 1.0)))
         return out
+
+    # ---- perception: overridden by the pixel-only expert --------------------------------------------------
+
+    def isolated(self, state: Any, release: Release, turns: list[Turn], img_ids: list[str]) -> tuple[bool, str | None]:
+        """(whether this subject is isolated, the crop to cite for it) from the episode's perception turns."""
+        crops = [t for t in turns if t.name == "crop_image" and t.arguments.get("img_id") in img_ids and t.img_ids]
+        return (True, crops[-1].img_ids[0]) if crops else (False, None)
+
+    def isolate(self, state: Any, release: Release, turns: list[Turn], img_ids: list[str]) -> str | None:
+        """The perception call that isolates `release` among `img_ids`, or None when none of them shows it."""
+        matches = self._matches(state, release, img_ids)
+        if not matches:
+            return None
+        img_id, det, _ = max(matches, key=lambda m: (m[1].visible_fraction >= 1.0, m[1].unhidden >= 0.95, -m[2],
+                                                    box_area(m[1].box), m[0]))
+        record = state.images[img_id]
+        bbox = [round(det.box[0] / record.width, 4), round(det.box[1] / record.height, 4),
+                round(det.box[2] / record.width, 4), round(det.box[3] / record.height, 4)]
+        seen = det.attributes
+        others = len(self.detector.detect(record)) - 1
+        return tool_call("crop_image", {"img_id": img_id, "bbox": bbox},
+                         f"{img_id} shows a {det.kind} in {seen.primary} with {seen.secondary} {seen.pattern}"
+                         + (f", {seen.trim} trim" if seen.trim else "") + f" and the {seen.emblem} emblem, matching "
+                         f"what the pages say about the {release.name}"
+                         + (f"; {others} other object(s) share the picture, so I crop it out." if others
+                            else "; I crop it tight."))
 
     # ---- acting --------------------------------------------------------------------------------------
 
     def act(self, state: Any) -> str:
         """The next assistant turn for `state`."""
         turns = read_history(state)
-        prompt = state.task.prompt
-        subject = subject_query(prompt)
-        recent = wants_recent(prompt)
-        searches = [t for t in turns if t.name == "text_search"]
-        fetched = [t for t in turns if t.name == "web_fetch"]
-        image_searches = [t for t in turns if t.name == "image_search"]
-        crops = [t for t in turns if t.name == "crop_image"]
-        release, sure = self._choose(prompt, self._releases(turns), state.today)
+        found = self.findings(state, turns)
         if state.final_turn:
-            return self._final(state, release, crops)
-        if not searches:
-            args: dict[str, Any] = {"queries": [subject], "top_k": 8}
+            return self._answer(state, turns, found, final=True)
+        calls = sum(t.name is not None for t in turns)
+        if not any(t.name == "text_search" for t in turns):
+            recent = any(f.subject.recent for f in found)
+            queries = [f.subject.query for f in found]
+            if len(found) == 1 and found[0].subject.maker:  # the maker's name alone finds the pages naming it
+                queries.append(found[0].subject.maker)
+            elif len(found) == 1:  # the launch article is where a release's facts start
+                queries.append(" ".join(filter(None, [found[0].subject.query, found[0].subject.noun, _LAUNCH_WORDS])))
+            args: dict[str, Any] = {"queries": queries, "top_k": 10}
             if recent:
                 args["time_range"] = "month"
-            why = "The request says it is new, so I search the past month" if recent else "I search its name"
-            return tool_call("text_search", args, f"I need to find out exactly which {subject} this is and what "
-                                                  f"it looks like. {why}.")
-        if release is None or not sure:
-            done = {u for t in fetched for u in ([t.arguments.get("url")] if "url" in t.arguments else [])}
-            todo = [h for h in self._hits(turns) if h["url"] not in done]
-            if todo and len(fetched) < MAX_FETCHES:
-                words = set(bm25.tokenize(subject))
+            names = " and ".join(f.subject.query for f in found)
+            return tool_call("text_search", args, f"I need to find out exactly which {names} is meant and what it "
+                                                  "looks like" + (", searching the past month." if recent else "."))
+        started = any(t.name in ("image_search", "crop_image", "find_object") for t in turns)
+        need = [f for f in found if f.release is None or not f.sure or f.missing]
+        if need and not started and MAX_TOOL_CALLS - calls - 2 * len(found) > 0:
+            step = self._locate(state, turns, need)
+            if step is not None:
+                return step
+        return self._corroborate(state, turns, found, calls)
 
-                def is_launch(text: str) -> bool:  # a cue that is part of the name ("Official" ball) is no cue
-                    return any(m.group(0).lower() not in words for m in _LAUNCH.finditer(text))
+    def _locate(self, state: Any, turns: list[Turn], need: list[knowledge.Finding]) -> str | None:
+        """Read more pages about the subjects still unsettled, or search for them more narrowly."""
+        asked = knowledge.asked_urls(turns)
+        ranked = []
+        for f in need:
+            words = {t for w in [*f.subject.words, f.family or ""] for t in knowledge._tokens(w)}
+            pool = [h for h in knowledge.hits(turns) + knowledge.links(turns) if not knowledge.is_junk(h)]
+            hits = [h for h in pool if h["url"] not in asked and (
+                f.name in f"{h['title']} {h['snippet']}" if f.name and f.sure else
+                f.family in f"{h['title']} {h['snippet']}" if f.family else words & knowledge._tokens(h["title"]))]
+            ranked.append(sorted(hits, key=lambda h: knowledge.priority(h, words, f.subject.recent,
+                                                                        f.name if f.sure else None), reverse=True))
+        picks: list[dict[str, str]] = []
+        for rank in range(FETCH_URLS):
+            for hits in ranked:
+                fresh = [h for h in hits if h not in picks]
+                if fresh and len(picks) < FETCH_URLS:
+                    picks.append(fresh[0])
+        if picks:
+            return tool_call("web_fetch", {"url": [h["url"] for h in picks],
+                                           "prompt": "release name, date, colours, pattern, trim and emblem"},
+                             "These look like the best sources for the exact release and its details: "
+                             + "; ".join(f"'{h['title']}' ({h['date'] or 'undated'})" for h in picks) + ".")
+        if sum(t.name == "text_search" for t in turns) >= MAX_TEXT_SEARCHES:
+            return None
+        queries = []
+        for f in need:
+            if f.family is None:
+                queries.append(f"{f.subject.maker} {f.subject.noun or ''}".strip())
+            elif f.name is None:
+                queries.append(" ".join(dict.fromkeys([*f.family.split(), *f.subject.name_words,
+                                                       f.subject.noun or "", _LAUNCH_WORDS])).strip())
+            else:
+                cues = dict.fromkeys(_CUE_WORDS[m] for m in f.missing) or (_LAUNCH_WORDS,)
+                queries.append(f"{f.name} {' '.join(cues)}")
+        asked_queries = {q for t in turns if t.name == "text_search" for q in t.arguments.get("queries", [])}
+        queries = [q for q in dict.fromkeys(queries) if q not in asked_queries]
+        if not queries:
+            return None
+        args: dict[str, Any] = {"queries": queries[:3], "top_k": 10}
+        if any(f.subject.recent for f in need):
+            args["time_range"] = "month"
+        return tool_call("text_search", args, "The pages so far do not settle which release is meant or how it "
+                                              "looks; I search more narrowly.")
 
-                def priority(hit: dict[str, str]) -> tuple:
-                    launch = is_launch(hit["title"]) or is_launch(hit["snippet"])
-                    overlap = len(words & set(bm25.tokenize(hit["title"])))
-                    return (overlap, launch, hit["date"] if recent else "")
+    def _corroborate(self, state: Any, turns: list[Turn], found: list[knowledge.Finding], calls: int) -> str:
+        """Search pictures of each subject in turn and isolate it; answer when every subject is done."""
+        for i, f in enumerate(found):
+            if f.release is None:
+                continue
+            searches = self._searches(turns, f.release)
+            img_ids = self._images(state, searches)
+            done, _ = self.isolated(state, f.release, turns, img_ids)
+            if done:
+                continue
+            later = sum(1 for g in found[i + 1:] if g.release is not None)
+            if searches:
+                step = self.isolate(state, f.release, turns, img_ids)
+                if step is not None and MAX_TOOL_CALLS - calls >= 1 + 2 * later:
+                    return step
+            if len(searches) < MAX_IMAGE_SEARCHES and MAX_TOOL_CALLS - calls >= 2 + 2 * later:
+                step = self._search_images(state, turns, f, searches)
+                if step is not None:
+                    return step
+        return self._answer(state, turns, found, final=False)
 
-                hit = max(todo, key=priority)
-                return tool_call("web_fetch", {"url": hit["url"], "prompt": f"name, release date, colours, pattern "
-                                                                           f"and emblem of the {subject}"},
-                                 f"'{hit['title']}' ({hit['date'] or 'undated'}) looks like the best source for the "
-                                 "exact release and its distinguishing details; I read it.")
-            if len(fetched) < MAX_FETCHES and len(searches) < MAX_TEXT_SEARCHES:
-                return tool_call("text_search", {"queries": [f"{subject} release date", f"{subject} revealed"],
-                                                 "top_k": 10},
-                                 "The pages so far do not settle which release is meant; I widen the search.")
-            if release is None:
-                return self._give_up(state, prompt)
-        matches = self._matches(state, release)
-        if not matches:
-            return self._search_images(state, release, image_searches, prompt)
-        if not crops:
-            img_id, det = max(matches, key=lambda m: (m[1].visible_fraction >= 1.0, box_area(m[1].box), m[0]))
-            record = state.images[img_id]
-            bbox = [round(det.box[0] / record.width, 4), round(det.box[1] / record.height, 4),
-                    round(det.box[2] / record.width, 4), round(det.box[3] / record.height, 4)]
-            others = len(self.detector.detect(record)) - 1
-            seen = det.attributes
-            return tool_call("crop_image", {"img_id": img_id, "bbox": bbox},
-                             f"{img_id} shows a {det.kind} in {seen.primary} with {seen.secondary} {seen.pattern} "
-                             f"and the {seen.emblem} emblem, matching the fact sheet of the {release.name}"
-                             + (f"; {others} other object(s) share the picture, so I crop it out." if others
-                                else "; I crop it tight."))
-        crop_id = crops[-1].img_ids[0] if crops[-1].img_ids else None
-        if crop_id is None:
-            return self._give_up(state, prompt)
-        return self._answer(prompt, release, crop_id, think=f"{crop_id} isolates the {release.name}; "
-                                                          "I have what the generator needs.")
-
-    def _search_images(self, state: Any, release: Release, done: list[Turn], prompt: str) -> str:
-        if len(done) >= MAX_IMAGE_SEARCHES:
-            return self._give_up(state, prompt)
+    def _search_images(self, state: Any, turns: list[Turn], f: knowledge.Finding, done: list[Turn]) -> str | None:
+        """The next picture search for a release, or None when every query has been tried: its name since its
+        release, then the settings of the pictures its own articles show, scene captions, and its name with its
+        colours at any date."""
+        release = f.release
         a = release.attributes
-        if not done:
-            start = dt.date.fromisoformat(release.released)
-            tbs = (f"cdr:1,cd_min:{start.month}/{start.day}/{start.year},"
-                   f"cd_max:{state.today.month}/{state.today.day}/{state.today.year}")
-            return tool_call("image_search", {"query": release.name, "tbs": tbs},
-                             f"The {release.name} came out on {release.released}: {a.primary} with "
-                             f"{a.secondary} {a.pattern}, emblem {a.emblem}. Earlier editions look "
-                             "alike, so I search images published since its release.")
-        query = f"{release.name} {a.primary} {a.secondary} {a.pattern}"
-        return tool_call("image_search", {"query": query},
-                         f"None of the images so far shows {a.emblem} on {a.primary} with "
-                         f"{a.secondary} {a.pattern}; they are look-alikes. I search more widely.")
+        start = dt.date.fromisoformat(release.released)
+        tbs = (f"cdr:1,cd_min:{start.month}/{start.day}/{start.year},"
+               f"cd_max:{state.today.month}/{state.today.day}/{state.today.year}")
+        look = " ".join(v for v in (a.primary, a.secondary, a.pattern) if v)
+        label = knowledge._tokens(f.family) | knowledge._tokens(f.subject.noun or "") | (
+            knowledge._tokens(release.name) & {t.lower() for t in requests.VARIANTS})
+        settings = knowledge.picture_queries(turns, release.name, label, knowledge.failed_images(turns))
+        options = [(release.name, tbs, f"The {release.name} came out on {release.released}: {describe(release)}. "
+                                       "Earlier editions and look-alikes circulate too, so I search pictures published "
+                                       "since its release.")]
+        options += [(f"{release.name} {where}", tbs, f"None of those pictures shows {describe(release)}; its own "
+                                                     f"articles show a picture of it at the {where}, so I search for "
+                                                     "that one.") for where in settings]
+        options += [(f"{release.name} spotted featuring", tbs, f"None of those pictures shows {describe(release)}; I "
+                                                               "look for scenes captioned with its name."),
+                    (f"{release.name} {look}".strip(), None, f"None of the pictures so far shows {describe(release)}; "
+                                                             "they are look-alikes. I search more widely.")]
+        asked = {str(t.arguments.get("query", "")) for t in done}
+        for query, date_range, think in options:
+            if query not in asked:
+                return tool_call("image_search", {"query": query, **({"tbs": date_range} if date_range else {})}, think)
+        return None
 
-    def _answer(self, prompt: str, release: Release, img_id: str, think: str | None) -> str:
-        gen_prompt = (f"{prompt.rstrip('.')}. The subject is {_describe(release)}; reproduce its colours, "
-                      f"{release.attributes.pattern} pattern and {release.attributes.emblem} emblem exactly as in the "
-                      "first reference image.")
-        return answer(gen_prompt, [(img_id, f"clean crop of the {release.name}")], think)
-
-    def _final(self, state: Any, release: Release | None, crops: list[Turn]) -> str:
-        if release is not None and crops and crops[-1].img_ids:
-            return self._answer(state.task.prompt, release, crops[-1].img_ids[0], think=None)
-        if release is not None and (matches := self._matches(state, release)):
-            return self._answer(state.task.prompt, release, matches[0][0], think=None)
-        return answer(state.task.prompt, [(i, "best available image") for i in sorted(state.images)[:1]], None)
-
-    def _give_up(self, state: Any, prompt: str) -> str:
-        refs = [(i, "closest image found") for i in sorted(state.images)[:1]]
-        return answer(prompt, refs, "I could not verify the exact release; I hand over the closest image I found.")
+    def _answer(self, state: Any, turns: list[Turn], found: list[knowledge.Finding], *, final: bool) -> str:
+        refs, parts = [], []
+        for f in found:
+            if f.release is None:
+                continue
+            img_ids = self._images(state, self._searches(turns, f.release))
+            _, crop = self.isolated(state, f.release, turns, img_ids)
+            if crop is not None:
+                refs.append((crop, f"clean crop of the {f.release.name}"))
+            parts.append(describe(f.release))
+        prompt = state.task.prompt.rstrip(".")
+        if not refs:
+            refs = [(i, "closest image found") for i in sorted(state.images)[:1]]
+            think = "I could not verify the exact release; I hand over the closest image I found."
+        else:
+            think = "The crops isolate " + " and ".join(p.split(" (")[0] for p in parts) + "; I have what the " \
+                    "generator needs."
+        if not parts:
+            return answer(prompt + ".", refs, None if final else think)
+        ordinals = ("first", "second", "third")
+        said = "; ".join(f"subject {n + 1} is {p}" for n, p in enumerate(parts)) if len(parts) > 1 else \
+            f"the subject is {parts[0]}"
+        gen_prompt = (f"{prompt}. {said[0].upper()}{said[1:]}; reproduce colours, pattern, trim and emblem exactly as "
+                      f"in the {' and '.join(ordinals[:len(refs)])} reference image" + ("s" if len(refs) > 1 else "")
+                      + ".")
+        return answer(gen_prompt, refs, None if final else think)
 
 
 class NaiveAgent:
@@ -319,6 +373,28 @@ class NaiveAgent:
         shown = next((t.img_ids for t in turns if t.img_ids), ())
         refs = [(shown[0], "first image result")] if shown else []
         return answer(prompt, refs, None if state.final_turn else "I use the first image result.")
+
+
+class CaptionAgent:
+    """A one-pass baseline: one image search for the request's proper nouns (the past month when it asks for
+    something new), then the picture whose caption shares the most words with the request, uncropped."""
+
+    def act(self, state: Any) -> str:
+        """The next assistant turn for `state`."""
+        turns = read_history(state)
+        prompt = state.task.prompt
+        query = " ".join(s.query for s in requests.parse_request(prompt))
+        if not turns and not state.final_turn:
+            args: dict[str, Any] = {"query": query}
+            if requests.wants_recent(prompt):
+                args["time_range"] = "month"
+            return tool_call("image_search", args, "I search images for the subject's name.")
+        words = set(knowledge._tokens(prompt))
+        titles = {m.group(1): m.group(2) for t in turns for m in re.finditer(r"^(IMG_\d+): title: (.*)$",
+                                                                               t.response, re.MULTILINE)}
+        best = max(titles, key=lambda i: (len(words & knowledge._tokens(titles[i])), -int(i[4:])), default=None)
+        refs = [(best, "best-captioned picture")] if best else []
+        return answer(prompt, refs, None if state.final_turn else "I pick the picture whose caption fits best.")
 
 
 def run_episode(tool_env: Any, task: Any, policy: Policy) -> Any:

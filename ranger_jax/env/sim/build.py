@@ -1,6 +1,15 @@
 """Generates an offline "wild web" world: `python -m ranger_jax.env.sim.build --out DIR --tasks N --seed S`.
 
-Each task gets its own family of confusable entities in one of the 16 Savanna subcategories:
+Two generator versions, chosen by `world_version` and recorded in `world.json` (`world_version`; absent means
+1). Version 2, the default for new worlds, is hard the way the web is (`ranger_jax.env.sim.plan_v2`,
+`build_v2`): dead links and failed downloads, re-hosted near-duplicates and keyword-stuffed pages in the
+results, seeded ranking noise, leaks and fan mock-ups under the new release's name, requests that name only the
+maker or two subjects, occlusion, lighting, scale and JPEG noise in the pictures, special editions that differ
+only in their trim, several layouts and phrasings per world, and identity facts spread over pages instead of a
+fact sheet. `world_version=1` builds exactly the worlds described below, byte for byte as before version 2
+existed. `split="train"` or `"heldout"` builds one side of a train/held-out split (`ranger_jax.env.sim.split`).
+
+Version 1: each task gets its own family of confusable entities in one of the 16 Savanna subcategories:
   - the target: the newest edition of one variant, released 2–20 days before the world's `today`, with few
     pages (1–4) and few images, mostly crowded scenes (temporal novelty, spatial entanglement);
   - its siblings: the same edition in another variant (other colours), the previous edition of the same
@@ -48,11 +57,13 @@ from typing import Any
 
 import tqdm
 
-from ranger_jax.env.sim import bm25, pages, plan, render, world
+from ranger_jax.env.sim import bm25, build_v2, pages, plan, render, world
+from ranger_jax.env.sim import split as split_lib
 
 log = logging.getLogger(__name__)
 
 MAX_TASKS = 5000
+DEFAULT_WORLD_VERSION = 2  # what new worlds are built as
 
 
 def _dumps(obj: Any) -> str:
@@ -182,7 +193,7 @@ def _indexes(world_plan: plan.WorldPlan, page_rows: list[dict], image_rows: list
 
 
 def _world_files(world_plan: plan.WorldPlan, seed: int, page_rows: list[dict], image_rows: list[dict],
-                 task_rows: list[dict]) -> dict[str, bytes]:
+                 task_rows: list[dict], split_side: str | None) -> dict[str, bytes]:
     """Stage 8: the bytes of world.json, the four .jsonl files (one sorted-key JSON object per line) and
     index.json."""
     entities = world_plan.entities
@@ -192,9 +203,11 @@ def _world_files(world_plan: plan.WorldPlan, seed: int, page_rows: list[dict], i
                        (world.IMAGES_FILE, image_rows), (world.TASKS_FILE, task_rows)):
         files[name] = "".join(_dumps(r) + "\n" for r in rows).encode("utf-8")
     files[world.INDEX_FILE] = _dumps(_indexes(world_plan, page_rows, image_rows)).encode("utf-8")
-    meta = {"version": world.FORMAT_VERSION, "seed": seed, "today": world_plan.today.isoformat(),
+    meta = {"version": 1, "seed": seed, "today": world_plan.today.isoformat(),
             "num_tasks": len(world_plan.families), "num_entities": len(entities), "num_pages": len(page_rows),
             "num_images": len(image_rows)}
+    if split_side is not None:
+        meta["split"] = split_side
     files[world.WORLD_FILE] = (_dumps(meta) + "\n").encode("utf-8")
     return files
 
@@ -229,39 +242,57 @@ def _commit(out: Path, files: dict[str, bytes]) -> None:
         shutil.rmtree(retired, ignore_errors=True)
 
 
-def build_world(out: str | Path, num_tasks: int, seed: int, *, progress: bool = False) -> Path:
-    """Generates a world with `num_tasks` tasks into folder `out` (layout in the module docstring) and returns it.
-
-    The same `seed` gives byte-identical files. An existing world at `out` is replaced atomically.
-
-    Args:
-        out: the world's folder: missing, empty, or an earlier offline world.
-        num_tasks: tasks (one entity family each), 1..MAX_TASKS.
-        seed: seed of every random draw.
-        progress: show a progress bar while rendering.
-
-    Raises:
-        ValueError: when `num_tasks` is out of range, or `out` is a file or a non-empty folder that is not an
-            offline world (nothing is written then).
-    """
-    problem = _num_tasks_problem(num_tasks)
-    if problem:
-        raise ValueError(f"num_tasks {problem}")
-    out = Path(out)
-    problem = _out_problem(out)
-    if problem:
-        raise ValueError(f"out {problem}")
+def _version_one_files(num_tasks: int, seed: int, split_side: str | None, progress: bool) -> dict[str, bytes]:
+    """Every file of a version-1 world, stage by stage (see the module docstring)."""
     rng = random.Random(seed)  # one stream through the stages, in this order
-    world_plan = plan.plan_world(num_tasks, rng)
+    world_plan = plan.plan_world(num_tasks, rng, accept=split_lib.accepts(split_side))
     plan.write_page_texts(world_plan, rng)
     _assign_image_urls(world_plan, seed)
     image_rows, files = _render_images(world_plan, seed, rng, progress)
     page_rows = _page_rows(world_plan, image_rows, rng)
     task_rows = [_task_row(i, roles, image_rows, world_plan.today, rng)
                  for i, roles in enumerate(world_plan.families)]
-    files.update(_world_files(world_plan, seed, page_rows, image_rows, task_rows))
+    files.update(_world_files(world_plan, seed, page_rows, image_rows, task_rows, split_side))
+    return files
+
+
+def build_world(out: str | Path, num_tasks: int, seed: int, *, world_version: int = DEFAULT_WORLD_VERSION,
+                split: str | None = None, progress: bool = False) -> Path:
+    """Generates a world with `num_tasks` tasks into folder `out` (layout in the module docstring) and returns it.
+
+    The same arguments give byte-identical files. An existing world at `out` is replaced atomically.
+
+    Args:
+        out: the world's folder: missing, empty, or an earlier offline world.
+        num_tasks: tasks, 1..MAX_TASKS (a version-1 task has one family, a version-2 task one or two).
+        seed: seed of every random draw.
+        world_version: 2 (the default: the web-like world of `plan_v2`) or 1 (the worlds of the first
+            generator, byte for byte).
+        split: "train" or "heldout" to build one side of a split whose sides share no family (None: any family).
+        progress: show a progress bar while rendering.
+
+    Raises:
+        ValueError: when `num_tasks`, `world_version` or `split` is out of range, or `out` is a file or a
+            non-empty folder that is not an offline world (nothing is written then).
+    """
+    problem = _num_tasks_problem(num_tasks)
+    if problem:
+        raise ValueError(f"num_tasks {problem}")
+    if world_version not in world.WORLD_VERSIONS:
+        raise ValueError(f"world_version must be one of {list(world.WORLD_VERSIONS)}; got {world_version!r}")
+    split_lib.accepts(split)  # raises on an unknown side
+    out = Path(out)
+    problem = _out_problem(out)
+    if problem:
+        raise ValueError(f"out {problem}")
+    if world_version == 1:
+        files = _version_one_files(num_tasks, seed, split, progress)
+    else:
+        files = build_v2.world_files(num_tasks, seed, split_side=split, progress=progress, indexes=_indexes)
     _commit(out, files)
-    log.info("built world %s: %d tasks, %d pages, %d images", out, num_tasks, len(page_rows), len(image_rows))
+    meta = json.loads(files[world.WORLD_FILE])
+    log.info("built world %s (version %d): %d tasks, %d pages, %d images", out, world_version, num_tasks,
+             meta["num_pages"], meta["num_images"])
     return out
 
 
@@ -271,20 +302,25 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", required=True, help="directory to write the world into")
     parser.add_argument("--tasks", type=int, default=40, help="number of tasks (one family each)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--world-version", type=int, choices=world.WORLD_VERSIONS, default=DEFAULT_WORLD_VERSION,
+                        help="generator version: 2 (web-like, the default) or 1 (the first worlds, byte for byte)")
+    parser.add_argument("--split", choices=split_lib.SPLITS, default=None,
+                        help="build one side of a train/held-out split (sides never share a family)")
     args = parser.parse_args(argv)
     for flag, problem in (("--tasks", _num_tasks_problem(args.tasks)), ("--out", _out_problem(Path(args.out)))):
         if problem:
             parser.error(f"{flag} {problem}")
     try:
-        out = build_world(args.out, args.tasks, args.seed, progress=True)
+        out = build_world(args.out, args.tasks, args.seed, world_version=args.world_version, split=args.split,
+                          progress=True)
     except ValueError:
         problem = _out_problem(Path(args.out))  # something appeared at --out while the world was built
         if problem is None:
             raise
         parser.error(f"--out {problem}")
     meta = world.read_meta(out)
-    print(f"{out}: today {meta['today']}, {meta['num_tasks']} tasks, {meta['num_entities']} entities, "
-          f"{meta['num_pages']} pages, {meta['num_images']} images")
+    print(f"{out}: world version {meta.get('world_version', 1)}, today {meta['today']}, {meta['num_tasks']} tasks, "
+          f"{meta['num_entities']} entities, {meta['num_pages']} pages, {meta['num_images']} images")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from collections.abc import Callable
 
 DOMAINS = ("Entertainment", "Sports", "Fashion", "Products", "Culture")
 
@@ -165,12 +166,17 @@ _CODAS = ("", "", "n", "r", "s", "l", "x", "nd", "rk")
 _RESERVED = frozenset(COLOURS) | frozenset(PATTERNS) | {"new", "latest", "image", "photo", "picture", "the"}
 
 
-def make_word(rng: random.Random, used: set[str]) -> str:
-    """A fresh two-syllable capitalised word (e.g. "Zorvan") not in `used`; adds it to `used`."""
+def make_word(rng: random.Random, used: set[str], accept: Callable[[str], bool] | None = None) -> str:
+    """A fresh two-syllable capitalised word (e.g. "Zorvan") not in `used`; adds it to `used`.
+
+    Args:
+        accept: only words it accepts are returned (e.g. the words of one side of a train/held-out split).
+    """
     while True:
         word = "".join(rng.choice(_ONSETS) + rng.choice(_VOWELS) + rng.choice(_CODAS) for _ in range(2))
         word = word.capitalize()
-        if 4 <= len(word) <= 10 and word.lower() not in _RESERVED and word not in used:
+        if 4 <= len(word) <= 10 and word.lower() not in _RESERVED and word not in used and (
+                accept is None or accept(word)):
             used.add(word)
             return word
 
@@ -186,3 +192,27 @@ def luminance(rgb: tuple[int, int, int]) -> float:
     """Relative luminance in 0–1 (Rec. 709 weights), used to pick legible emblem ink."""
     r, g, b = rgb
     return (0.2126 * r + 0.7152 * g + 0.0722 * b) / 255.0
+
+
+# ---- version-2 worlds ------------------------------------------------------------------------------------------
+# Who makes each subcategory's things: requests that do not name a family name its maker instead ("the new
+# Home kit from the kit supplier Norvale"), and pages say which maker is behind a family.
+OWNERS = {
+    "anime key visuals": "animation studio", "album covers": "record label", "film posters": "film studio",
+    "video game covers": "developer", "team kits": "kit supplier", "match balls": "ball maker",
+    "racing helmets": "helmet maker", "sneakers": "shoe brand", "handbags": "fashion house",
+    "hoodies": "streetwear label", "smartphones": "phone maker", "cars": "carmaker", "watches": "watchmaker",
+    "festival posters": "promoter", "postage stamps": "postal service", "book covers": "publisher",
+}
+# Labels of special editions that differ from the standard release only in their trim colour.
+TAGS = ("Limited Edition", "Special Edition", "Anniversary Edition", "Founders Edition", "Signature Edition")
+# Hosts that copy other sites' pictures and articles (near-duplicates with their own captions and dates).
+REHOST_SITES = ("pinwall.sim", "imgdump.sim", "trendboard.sim", "newsmirror.sim")
+# Keyword-stuffed pages that rank well and say little.
+SEO_SITES = ("bestdeals-guide.sim", "topreleases.sim", "whatsnew-hub.sim")
+# Forums and fan sites: rumours, leaks and fan-made mock-ups.
+FAN_SITES = ("leakwatch.sim", "fanforum.sim", "conceptcorner.sim")
+# What a dead link or a failed download answers instead of the page or picture.
+PAGE_ERRORS = ("HTTP 404 Not Found", "HTTP 410 Gone", "HTTP 503 Service Unavailable", "connection timed out")
+IMAGE_ERRORS = ("HTTP 403 Forbidden (hotlinking not allowed)", "HTTP 404 Not Found", "connection reset",
+                "not an image (text/html)")

@@ -26,12 +26,14 @@ class Detection:
         kind: what the object is ("kit", "smartphone").
         attributes: its visible colours, pattern and emblem.
         visible_fraction: share of the object's full box inside the image (1 = entirely in view).
+        unhidden: share of the object not hidden behind objects in front of it (version-2 scenes; else 1).
     """
 
     box: Box
     kind: str
     attributes: Attributes
     visible_fraction: float
+    unhidden: float = 1.0
 
 
 class OracleDetector:
@@ -40,11 +42,13 @@ class OracleDetector:
     Args:
         world: the world the episodes run in.
         min_visible_fraction: objects with less of their box in view are not reported (too cut off to read).
+        min_unhidden: objects hidden behind others beyond this are not reported (too little shows to read).
     """
 
-    def __init__(self, world: World, *, min_visible_fraction: float = 0.25):
+    def __init__(self, world: World, *, min_visible_fraction: float = 0.25, min_unhidden: float = 0.5):
         self.world = world
         self.min_visible_fraction = min_visible_fraction
+        self.min_unhidden = min_unhidden
 
     def detect(self, record: core.ImageRecord) -> list[Detection]:
         """The objects visible in `record`, largest first; empty for images that are not from the world."""
@@ -57,10 +61,11 @@ class OracleDetector:
         for obj in image.objects:
             inside = box_intersection(obj.box, frame)
             fraction = box_area(inside) / box_area(obj.box)
-            if fraction < self.min_visible_fraction:
+            if fraction < self.min_visible_fraction or obj.visible < self.min_unhidden:
                 continue
             entity = self.world.entities[obj.entity_id]
             box = (inside[0] - frame[0], inside[1] - frame[1], inside[2] - frame[0], inside[3] - frame[1])
-            found.append(Detection(box=box, kind=entity.noun, attributes=entity.attributes, visible_fraction=fraction))
+            found.append(Detection(box=box, kind=entity.noun, attributes=entity.attributes, visible_fraction=fraction,
+                                   unhidden=obj.visible))
         found.sort(key=lambda d: (-box_area(d.box), d.box))
         return found

@@ -1,11 +1,19 @@
-"""A scripted Locate–Corroborate–Isolate agent that perceives only through the `find_object` tool.
+"""Scripted Locate–Corroborate–Isolate agents that perceive only through the `find_object` tool.
 
-Unlike `agents.ExpertAgent`, whose perception reads the world's annotations (an oracle), this agent sees
-nothing but tool observations: it reads fact sheets from fetched pages and lets the pixel-only `find_object`
-tool (`ranger_jax.env.perception`) find and crop the object with the fact sheet's colours and pattern. It is
-the teacher whose trajectories a small policy can imitate step for step, since every decision it makes can be
-made from what the policy sees. Turns are compact (no `<think>` by default): search the request's proper nouns,
-read the most promising page, search images of the release by name, find the object, answer.
+Unlike `agents.ExpertAgent`, whose perception reads the world's annotations (an oracle), these agents see
+nothing but tool observations and let the pixel-only `find_object` tool (`ranger_jax.env.perception`) find and
+crop the object with the colours, pattern and trim the pages gave.
+
+`PixelExpertAgent` is the expert itself with that one change: it locates and corroborates exactly as
+`agents.ExpertAgent` does (one subject or two, prose facts or fact sheets, makers, look-alikes), and isolates
+each subject with `find_object` over that subject's pictures, accepting a match only when the tool reports the
+expected colours, pattern and trim; otherwise it searches more pictures. It shows that the tasks are solvable
+from observations alone.
+
+`FinderAgent` is the compact teacher whose trajectories a small policy can imitate step for step, since every
+decision it makes can be made from what the policy sees. Turns are compact (no `<think>` by default): search the
+request's proper nouns, read the most promising page, search images of the release by name, find the object,
+answer.
 
 `SnippetAgent` is the shortest such strategy, for policies with small contexts: it never reads a page. It
 searches the request's proper nouns, searches images for them, copies the look ("green with orange dots") from
@@ -18,7 +26,7 @@ import re
 from typing import Any
 
 from ranger_jax.env import tools
-from ranger_jax.env.sim import agents, bm25
+from ranger_jax.env.sim import agents, bm25, knowledge
 
 MAX_FETCHES = 3
 MAX_IMAGE_SEARCHES = 2
@@ -27,6 +35,9 @@ MAX_FINDS = 2
 _HIT = re.compile(r"^\d+\. (?:\[(?P<title>[^\]]*)\]\([^)\s]+\)|(?P<bare>.*?))(?: \((?P<date>\d{4}-\d{2}-\d{2})\))?"
                   r"\n(?P<snippet>(?!\d+\. |--- ).*)$", re.MULTILINE)
 _BEST_MATCH = re.compile(r"Best match in (IMG_\d+).*?(IMG_\d+): crop of", re.DOTALL)
+_SEEN = re.compile(r"Best match in IMG_\d+ \((?P<primary>[a-z]+) with (?P<secondary>[a-z]+) (?P<pattern>[a-z]+)"
+                   r"(?:, (?P<trim>[a-z]+) trim)?, match (?P<score>[\d.]+)\)")
+MIN_MATCH = 0.15  # the find_object score below which a reported match is not trusted
 # How the world's prose words a look (see `env.sim.pages.describe`), e.g. "comes in green with orange dots",
 # "a lime body covered in maroon chevrons", "maroon chevrons against a lime ground".
 _LOOK = re.compile(r"(?:pairs a|comes in|Expect a) [a-z]+ (?:base |body )?(?:with|covered in) [a-z]+ [a-z]+"
@@ -34,8 +45,53 @@ _LOOK = re.compile(r"(?:pairs a|comes in|Expect a) [a-z]+ (?:base |body )?(?:wit
 
 
 def describe_look(release: agents.Release) -> str:
-    """The look of a release as `find_object` reads it: "green with orange dots"."""
-    return f"{release.attributes.primary} with {release.attributes.secondary} {release.attributes.pattern}"
+    """The look of a release as `find_object` reads it: "green with orange dots" (", lime trim" when known)."""
+    a = release.attributes
+    look = f"{a.primary} with {a.secondary} {a.pattern}".strip()
+    return f"{look}, {a.trim} trim" if a.trim else look
+
+
+class PixelExpertAgent(agents.ExpertAgent):
+    """`agents.ExpertAgent` with perception through `find_object` only (see the module docstring)."""
+
+    def __init__(self):
+        super().__init__(detector=None)
+
+    @staticmethod
+    def _finds(turns: list[agents.Turn], img_ids: list[str]) -> list[agents.Turn]:
+        return [t for t in turns if t.name == tools.FIND_OBJECT and t.arguments.get("img_ids")
+                and set(t.arguments["img_ids"]) <= set(img_ids)]
+
+    @staticmethod
+    def accepts(release: agents.Release, response: str) -> bool:
+        """Whether a find_object answer reports the release's colours, pattern and trim with a trusted score."""
+        m = _SEEN.search(response)
+        if m is None or float(m["score"]) < MIN_MATCH:
+            return False
+        a = release.attributes
+        return (m["primary"], m["secondary"], m["pattern"]) == (a.primary, a.secondary, a.pattern) and (
+            not a.trim or m["trim"] == a.trim)
+
+    def isolated(self, state: Any, release: agents.Release, turns: list[agents.Turn], img_ids: list[str]
+                 ) -> tuple[bool, str | None]:
+        """(isolated, crop): done when a find_object answer is accepted; the last crop is cited either way."""
+        finds = self._finds(turns, img_ids)
+        crops = [(t, m.group(2)) for t in finds if (m := _BEST_MATCH.search(t.response))]
+        accepted = [c for t, c in crops if self.accepts(release, t.response)]
+        if accepted:
+            return True, accepted[-1]
+        return False, crops[-1][1] if crops else None
+
+    def isolate(self, state: Any, release: agents.Release, turns: list[agents.Turn], img_ids: list[str]) -> str | None:
+        """find_object over the subject's pictures, once per new set of pictures; None when they were searched."""
+        a = release.attributes
+        if not (a.primary and a.secondary and a.pattern) or not img_ids:
+            return None
+        if any(set(t.arguments.get("img_ids", ())) == set(img_ids) for t in self._finds(turns, img_ids)):
+            return None
+        look = describe_look(release)
+        return agents.tool_call(tools.FIND_OBJECT, {"description": look, "img_ids": list(img_ids)},
+                                f"I look for the {look} object in the pictures of the {release.name}.")
 
 
 class FinderAgent:
@@ -70,7 +126,8 @@ class FinderAgent:
         fetched = [t for t in turns if t.name == tools.WEB_FETCH]
         image_searches = [t for t in turns if t.name == tools.IMAGE_SEARCH]
         finds = [t for t in turns if t.name == tools.FIND_OBJECT]
-        release, sure = agents.ExpertAgent._choose(prompt, agents.ExpertAgent._releases(turns), state.today)
+        finding = agents.ExpertAgent.findings(state, turns)[0]
+        release, sure = finding.release, finding.sure
         crop = next((m.group(2) for t in reversed(finds) if (m := _BEST_MATCH.search(t.response))), None)
         if state.final_turn or (crop is not None and release is not None):
             return self._finish(state, release, crop)
@@ -81,7 +138,7 @@ class FinderAgent:
             return self._call(tools.TEXT_SEARCH, args, f"I look up which {subject} is meant.")
         if (release is None or not sure) and len(fetched) < MAX_FETCHES:
             done = {t.arguments.get("url") for t in fetched}
-            todo = [h for h in agents.ExpertAgent._hits(turns) if h["url"] not in done]
+            todo = [h for h in knowledge.hits(turns) if h["url"] not in done]
             if todo:
                 words = set(bm25.tokenize(subject))
 

@@ -86,7 +86,7 @@ def _filler(entity: Entity, rng: random.Random) -> str:
         f"Demand for {entity.family} releases usually outstrips supply in the first weeks.",
         f"Retail partners expect the {entity.noun} to be one of the season's most searched items.",
         f"The {entity.family} team said the design grew out of feedback from fans.",
-        f"Early listings suggest stock will be limited at launch.",
+        "Early listings suggest stock will be limited at launch.",
     ))
 
 

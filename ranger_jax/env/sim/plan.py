@@ -73,10 +73,10 @@ def _colour_pair(rng: random.Random, avoid_primary: str | None = None) -> tuple[
 
 
 def _family(index: int, sc: catalog.Subcategory, today: dt.date, rng: random.Random,
-            used: set[str]) -> dict[str, Entity]:
+            used: set[str], accept=None) -> dict[str, Entity]:
     """Entities of one family by role: target, variant, previous, and optionally previous_variant, older."""
     suffix = rng.choice(sc.suffixes)
-    family = catalog.make_word(rng, used) + (f" {suffix}" if suffix else "")
+    family = catalog.make_word(rng, used, accept) + (f" {suffix}" if suffix else "")
     released = today - dt.timedelta(days=rng.randint(2, 20))
     number = released.year if "{year}" in sc.edition else rng.randint(3, 9)
     v_target, v_other = rng.sample(sc.variants, 2)
@@ -186,14 +186,18 @@ def _plan_family(index: int, roles: dict[str, Entity], sc: catalog.Subcategory, 
     page("catalogue", older, min(last, cap).isoformat())
 
 
-def plan_world(num_tasks: int, rng: random.Random) -> WorldPlan:
+def plan_world(num_tasks: int, rng: random.Random, accept=None) -> WorldPlan:
     """Stage 1: the world's `today`, one family per task (subcategories dealt round-robin from a shuffled
-    order), and every family's pages and image specs. Texts, URLs and pixels are left for later stages."""
+    order), and every family's pages and image specs. Texts, URLs and pixels are left for later stages.
+
+    Args:
+        accept: only family names it accepts are drawn (one side of a train/held-out split; None: any).
+    """
     today = FIRST_TODAY + dt.timedelta(days=rng.randrange(730))
     order = list(catalog.SUBCATEGORIES)
     rng.shuffle(order)
     used: set[str] = set()
-    families = [_family(i, order[i % len(order)], today, rng, used) for i in range(num_tasks)]
+    families = [_family(i, order[i % len(order)], today, rng, used, accept) for i in range(num_tasks)]
     plan = WorldPlan(today=today, families=families, pages=[], images=[])
     everyone = plan.entities
     for i, roles in enumerate(families):

@@ -137,13 +137,32 @@ def _details(draw: ImageDraw.ImageDraw, shape: str, box: tuple[int, int, int, in
         draw.rectangle((x0, y0, x0 + max(3, w // 10), y1 - 1), fill=(40, 30, 30))
 
 
+def silhouette(shape: str, w: int, h: int) -> Image.Image:
+    """The 'L' mask (255 inside) of `shape` drawn at w×h pixels: which pixels of its box an object covers."""
+    return _mask(shape, w, h)
+
+
+def trim_width(w: int, h: int) -> int:
+    """Width in pixels of the trim outline of an object drawn in a w×h box (entities with a trim colour)."""
+    return max(3, round(min(w, h) * 0.07))  # thick enough to survive JPEG's halved colour resolution
+
+
 def draw_entity(canvas: Image.Image, entity: Entity, shape: str, box: tuple[int, int, int, int]) -> None:
-    """Paints `entity` as `shape` into `box` (pixels, [x0, y0, x1, y1]) of `canvas`, in place."""
+    """Paints `entity` as `shape` into `box` (pixels, [x0, y0, x1, y1]) of `canvas`, in place.
+
+    An entity with a trim colour (version-2 worlds) gets a `trim_width` outline in it: the silhouette is filled
+    with the trim colour and the patterned body is drawn over it, inset by the trim's width on every side.
+    """
     x0, y0, x1, y1 = box
     w, h = x1 - x0, y1 - y0
     look = entity.attributes
     primary, secondary = catalog.COLOURS[look.primary], catalog.COLOURS[look.secondary]
-    canvas.paste(_pattern(look.pattern, w, h, primary, secondary), (x0, y0), _mask(shape, w, h))
+    px0, py0, pw, ph = x0, y0, w, h
+    if look.trim is not None:
+        t = trim_width(w, h)
+        canvas.paste(catalog.COLOURS[look.trim], (x0, y0, x1, y1), _mask(shape, w, h))
+        px0, py0, pw, ph = x0 + t, y0 + t, w - 2 * t, h - 2 * t
+    canvas.paste(_pattern(look.pattern, pw, ph, primary, secondary), (px0, py0), _mask(shape, pw, ph))
     draw = ImageDraw.Draw(canvas)
     _details(draw, shape, box)
     fx, fy = _EMBLEM_AT.get(shape, (0.5, 0.5))

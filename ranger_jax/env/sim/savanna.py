@@ -3,8 +3,11 @@
 `evaluate(world_dir, agent)` runs each task through a `ToolEnv` on the world's `OfflineBackend` and returns a
 JSON-ready summary: the search score (pass rate, 0–1) overall, per domain and per subcategory, mean crop IoU,
 text score and reward, termination counts, tool-call counts and one row per episode. An agent is a built-in name
-(`POLICIES`: the scripted `expert`, `naive` and `finder`), a callable `act(state) -> assistant_text`, or an object
-with such an `act` method; it sees only the episode state, as a model would.
+(`POLICIES`: the scripted `expert` (oracle perception), `pixel_expert` (the same expert perceiving only through
+`find_object`), `finder` (the compact page-reading teacher), the one-pass baselines `snippet` (a look copied from
+search snippets, found by colour) and `caption` (the best-captioned picture), and `naive`), a callable
+`act(state) -> assistant_text`, or an object with such an `act` method; it sees only the episode state, as a model
+would.
 
 Each episode's `reward` is `ToolEnv.score(state)`, the number RL trains on; the search pass, crop IoU and text
 score are the exact judgement of its answer (`rewards.score`, with the env's criteria), the Savanna metrics.
@@ -32,9 +35,13 @@ POLICIES: dict[str, Callable[[world.World], agents.Policy]] = {
     "expert": lambda w: agents.ExpertAgent(OracleDetector(w)),
     "naive": lambda w: agents.NaiveAgent(),
     "finder": lambda w: finder_agent.FinderAgent(),
+    "pixel_expert": lambda w: finder_agent.PixelExpertAgent(),
+    "caption": lambda w: agents.CaptionAgent(),
+    "snippet": lambda w: finder_agent.SnippetAgent(),
 }
-# Env options a built-in agent needs (under the caller's options): the finder perceives through find_object.
-POLICY_ENV: dict[str, Mapping[str, Any]] = {"finder": {"tools": tools.ALL_TOOL_NAMES}}
+# Env options a built-in agent needs (under the caller's options): these perceive through find_object.
+POLICY_ENV: dict[str, Mapping[str, Any]] = {name: {"tools": tools.ALL_TOOL_NAMES}
+                                            for name in ("finder", "pixel_expert", "snippet")}
 
 Agent = agents.Policy | Callable[[Any], str]
 RESPONSE_CHARS = 500  # characters of the last assistant turn kept in a report row

@@ -3,6 +3,15 @@
 `load_world(dir)` reads a directory written by `ranger_jax.env.sim.build` (layout in that module's docstring)
 and `load_tasks(dir)` turns its `tasks.jsonl` into `env.Task`s whose `ground_truth` holds what
 `ranger_jax.env.sim.rewards.score` needs.
+
+Two generations of worlds share these types. A world of generator version 1 (`world.json` without a
+`world_version` key) has four attributes per entity and every page and image served; a version-2 world (file
+format 2, `"world_version": 2`) adds fields that are absent from version-1 rows, so those rows read back exactly
+as before: an entity's `trim` colour, `maker` (who makes or fields it, for requests that do not name the family),
+`tag` (a special edition's label) and `status` ("release", or "leak" / "mockup" for pictures of things that were
+never released as shown); a page's or image's `error` (a dead link or a failed download, what the backend
+answers instead); a placement's `visible` share (the part of the object not hidden behind objects in front);
+a page's `kind`; and the world's `ranking_noise`, `split` and tasks with several targets.
 """
 
 from __future__ import annotations
@@ -17,7 +26,9 @@ from typing import Any
 
 from ranger_jax.env import core
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # the file format new worlds are written in (version-2 worlds)
+FORMAT_VERSIONS = (1, 2)  # file formats this loader reads: 1 for version-1 worlds, 2 for version-2 worlds
+WORLD_VERSIONS = (1, 2)  # generator versions (`build.build_world(world_version=...)`)
 WORLD_FILE = "world.json"
 ENTITIES_FILE = "entities.jsonl"
 PAGES_FILE = "pages.jsonl"
@@ -57,16 +68,21 @@ class Attributes:
         primary, secondary: colour names (keys of `catalog.COLOURS`).
         pattern: one of `catalog.PATTERNS`, drawn in the secondary colour.
         emblem: the emblem text printed on it.
+        trim: colour of the thin outline around it (version-2 worlds; None in version 1).
     """
 
     primary: str
     secondary: str
     pattern: str
     emblem: str
+    trim: str | None = None
 
     def as_dict(self) -> dict[str, str]:
-        """{slot name: value} in the order primary, secondary, pattern, emblem."""
-        return dataclasses.asdict(self)
+        """{slot name: value} in the order primary, secondary, pattern, emblem[, trim] (trim only when set)."""
+        out = dataclasses.asdict(self)
+        if self.trim is None:
+            del out["trim"]
+        return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +99,9 @@ class Entity:
         variant: variant name ("Home", "Sage").
         released: release date, YYYY-MM-DD.
         attributes: its colours, pattern and emblem.
+        maker: who makes or fields the family ("Norvale" for a club from Norvale); "" in version-1 worlds.
+        tag: label of a special edition ("Limited Edition"), part of its name; "" for the standard one.
+        status: "release", or "leak" / "mockup": a look that circulated under a release's name but is not it.
     """
 
     id: str
@@ -95,19 +114,29 @@ class Entity:
     variant: str
     released: str
     attributes: Attributes
+    maker: str = ""
+    tag: str = ""
+    status: str = "release"
 
     def to_row(self) -> dict[str, str]:
-        """Its row of entities.jsonl: every field, the attributes inline."""
-        row = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "attributes"}
+        """Its row of entities.jsonl: every field, the attributes inline; fields at their defaults are left out
+        (so a version-1 row has exactly the version-1 keys)."""
+        row = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+               if f.name != "attributes" and (f.name not in _ENTITY_DEFAULTS or getattr(self, f.name) != f.default)}
         return {**row, **self.attributes.as_dict()}
+
+
+_ENTITY_DEFAULTS = ("maker", "tag", "status")  # optional fields of Entity, absent from rows at their defaults
 
 
 @dataclasses.dataclass(frozen=True)
 class Placement:
-    """An entity drawn in an image at a pixel box."""
+    """An entity drawn in an image at a pixel box; `visible` is the share of its silhouette not hidden behind
+    objects drawn in front of it (1 when nothing overlaps it, and in every version-1 world)."""
 
     entity_id: str
     box: Box
+    visible: float = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,7 +153,9 @@ class WorldImage:
     page_url: str
     date: str
     objects: tuple[Placement, ...]
-    sha256: str | None = None  # of the PNG file as built (None in worlds built before it was recorded)
+    sha256: str | None = None  # of the image file as built (None in worlds built before it was recorded)
+    error: str | None = None  # why downloading it fails ("HTTP 403 Forbidden"); None when it downloads
+    kind: str = ""  # version 2: "photo", "rehost" (a re-encoded copy of another image), "leak" or "mockup"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,6 +168,8 @@ class WorldPage:
     text: str
     links: tuple[str, ...]
     image_urls: tuple[str, ...]
+    error: str | None = None  # why fetching it fails ("HTTP 404 Not Found": a dead link); None when it loads
+    kind: str = ""  # version 2: announce, coverage, review, comparison, sale, catalogue, rumour, concept, seo, rehost
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,6 +182,9 @@ class World:
     entities: Mapping[str, Entity]
     pages: Mapping[str, WorldPage]
     images: Mapping[str, WorldImage]
+    version: int = 1  # generator version (world.json's `world_version`; absent = 1)
+    ranking_noise: float = 0.0  # σ of the seeded log-normal noise on search scores (0: exact BM25 order)
+    split: str | None = None  # "train" or "heldout" for worlds built as one side of a split (`sim.split`)
 
     def image_path(self, url: str) -> Path:
         """The PNG file behind an image URL.
@@ -190,7 +226,8 @@ def read_meta(root: str | Path) -> dict[str, Any]:
 
     Raises:
         FileNotFoundError: when the directory holds no world.
-        ValueError: naming the file when its format version is not FORMAT_VERSION.
+        ValueError: naming the file when its format version is not one of FORMAT_VERSIONS, or its
+            `world_version` is not one of WORLD_VERSIONS.
     """
     path = Path(root) / WORLD_FILE
     try:
@@ -200,8 +237,12 @@ def read_meta(root: str | Path) -> dict[str, Any]:
             f"{path} not found: {root} is not an offline world; build one with "
             f"`python -m ranger_jax.env.sim.build --out {root}`"
         ) from err
-    if meta.get("version") != FORMAT_VERSION:
-        raise ValueError(f"{path} has format version {meta.get('version')!r}, expected {FORMAT_VERSION}; rebuild it")
+    if meta.get("version") not in FORMAT_VERSIONS:
+        raise ValueError(f"{path} has format version {meta.get('version')!r}, expected one of {list(FORMAT_VERSIONS)}; "
+                         "rebuild it")
+    if meta.get("world_version", 1) not in WORLD_VERSIONS:
+        raise ValueError(f"{path} has world_version {meta.get('world_version')!r}, expected one of "
+                         f"{list(WORLD_VERSIONS)}; rebuild it")
     return meta
 
 
@@ -217,9 +258,11 @@ def load_world(root: str | Path) -> World:
     entities = {}
     for number, row in _read_jsonl(root / ENTITIES_FILE):
         where = f"{root / ENTITIES_FILE}:{number}"
-        attributes = Attributes(**{f.name: _field(row, f.name, where) for f in dataclasses.fields(Attributes)})
+        attributes = Attributes(**{f.name: _field(row, f.name, where) for f in dataclasses.fields(Attributes)
+                                   if f.name != "trim"}, trim=row.get("trim"))
         entity = Entity(**{f.name: _field(row, f.name, where) for f in dataclasses.fields(Entity)
-                           if f.name != "attributes"}, attributes=attributes)
+                           if f.name != "attributes" and f.name not in _ENTITY_DEFAULTS},
+                        **{k: row[k] for k in _ENTITY_DEFAULTS if k in row}, attributes=attributes)
         entities[entity.id] = entity
     pages = {}
     for number, row in _read_jsonl(root / PAGES_FILE):
@@ -227,7 +270,7 @@ def load_world(root: str | Path) -> World:
         page = WorldPage(
             url=_field(row, "url", where), title=_field(row, "title", where), date=_field(row, "date", where),
             text=_field(row, "text", where), links=tuple(_field(row, "links", where)),
-            image_urls=tuple(_field(row, "image_urls", where)),
+            image_urls=tuple(_field(row, "image_urls", where)), error=row.get("error"), kind=row.get("kind", ""),
         )
         pages[page.url] = page
     images = {}
@@ -238,18 +281,21 @@ def load_world(root: str | Path) -> World:
             entity_id = _field(obj, "entity_id", where)
             if entity_id not in entities:
                 raise ValueError(f"{where} places unknown entity {entity_id!r} in image {row.get('url')!r}")
-            objects.append(Placement(entity_id=entity_id, box=tuple(float(v) for v in _field(obj, "box", where))))
+            objects.append(Placement(entity_id=entity_id, box=tuple(float(v) for v in _field(obj, "box", where)),
+                                     visible=float(obj.get("visible", 1.0))))
         image = WorldImage(
             id=_field(row, "id", where), url=_field(row, "url", where), file=_field(row, "file", where),
             width=int(_field(row, "width", where)), height=int(_field(row, "height", where)),
             title=_field(row, "title", where), alt=_field(row, "alt", where),
             page_url=_field(row, "page_url", where), date=_field(row, "date", where), objects=tuple(objects),
-            sha256=row.get("sha256"),
+            sha256=row.get("sha256"), error=row.get("error"), kind=row.get("kind", ""),
         )
         images[image.url] = image
     return World(
         root=root, seed=int(meta["seed"]), today=dt.date.fromisoformat(meta["today"]),
         entities=MappingProxyType(entities), pages=MappingProxyType(pages), images=MappingProxyType(images),
+        version=int(meta.get("world_version", 1)), ranking_noise=float(meta.get("ranking_noise", 0.0)),
+        split=meta.get("split"),
     )
 
 
@@ -258,8 +304,9 @@ def load_tasks(root: str | Path) -> list[core.Task]:
 
     `ground_truth` is a dict with `target_id`, `target_name`, `image_url` and `image_file` (the ground-truth
     image, file relative to the world), `bbox` (the target's pixel box in it), `key_attributes`,
-    `sibling_ids` and `sibling_only_attributes`; `metadata` has `domain`, `subcategory` and `today`
-    (YYYY-MM-DD).
+    `sibling_ids`, `sibling_only_attributes` and `target_ids` (every target: one, or two for a request with two
+    subjects; `target_id` is the first); `metadata` has `domain`, `subcategory`, `today` (YYYY-MM-DD) and
+    `request_kind` ("direct", or in version-2 worlds also "indirect" and "two_subjects").
 
     Raises:
         FileNotFoundError: naming the missing file.
@@ -273,8 +320,10 @@ def load_tasks(root: str | Path) -> list[core.Task]:
         truth = {key: _field(row, key, where) for key in (
             "target_id", "target_name", "image_url", "image_file", "bbox", "key_attributes", "sibling_ids",
             "sibling_only_attributes")}
+        truth["target_ids"] = list(row.get("target_ids", [truth["target_id"]]))
         metadata = {"domain": _field(row, "domain", where), "subcategory": _field(row, "subcategory", where),
-                    "today": _field(row, "today", where), "world": str(root), "seed": meta["seed"]}
+                    "today": _field(row, "today", where), "world": str(root), "seed": meta["seed"],
+                    "request_kind": row.get("request_kind", "direct")}
         tasks.append(core.Task(_field(row, "id", where), _field(row, "prompt", where),
                                ground_truth=truth, metadata=metadata))
     return tasks

@@ -1,4 +1,5 @@
-"""The offline corpus backend: real BM25 ranking, date filters, fetches by world URL, and every error."""
+"""The offline corpus backend: real BM25 ranking, date filters, fetches by world URL, every error, and the
+failures and noise of version-2 worlds."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import datetime as dt
 import io
 import json
 import math
+import re
 import shutil
+import statistics
 
 import pytest
 from PIL import Image
@@ -23,7 +26,12 @@ def run(coro):
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
-    return build.build_world(tmp_path_factory.mktemp("offline") / "w", 6, 3)
+    return build.build_world(tmp_path_factory.mktemp("offline") / "w", 6, 3, world_version=1)
+
+
+@pytest.fixture(scope="module")
+def root_v2(tmp_path_factory):
+    return build.build_world(tmp_path_factory.mktemp("offline") / "w2", 4, 3)
 
 
 @pytest.fixture(scope="module")
@@ -156,3 +164,47 @@ def test_world_files_are_trusted_by_their_build_hash(backend, root, tmp_path):
     other.save(copy / image.file)  # a valid PNG, but not the one the builder wrote
     tampered = run(OfflineBackend(copy).fetch_image(image.url))
     assert tampered.trusted_file is None and tampered.data == (copy / image.file).read_bytes()
+
+
+def test_dead_links_and_failed_downloads_answer_what_the_world_recorded(root_v2):
+    backend = OfflineBackend(root_v2)
+    dead = [p for p in backend.world.pages.values() if p.error]
+    broken = [i for i in backend.world.images.values() if i.error]
+    assert dead and broken
+    for page in dead:
+        with pytest.raises(base.BackendError, match=f"^{re.escape(page.error)} from {re.escape(page.url)}$"):
+            run(backend.fetch_page(page.url))
+    for image in broken:
+        with pytest.raises(base.BackendError, match=f"^{re.escape(image.error)} from {re.escape(image.url)}$"):
+            run(backend.fetch_image(image.url))
+    hits = run(backend.text_search(dead[0].title, top_k=20))
+    assert dead[0].url in [h.url for h in hits]  # still listed: search does not know the link is dead
+    live = next(i for i in backend.world.images.values() if i.error is None)
+    blob = run(backend.fetch_image(live.url))
+    assert blob.content_type == "image/jpeg" and blob.data[:2] == b"\xff\xd8"
+    assert Image.open(io.BytesIO(blob.data)).size == (live.width, live.height)
+
+
+def test_ranking_noise_is_seeded_per_query_and_document(root_v2, tmp_path):
+    backend = OfflineBackend(root_v2)
+    assert backend.world.ranking_noise > 0
+    queries = [t.prompt for t in load_tasks(root_v2)]
+    noisy = [[h.url for h in run(backend.text_search(q, top_k=10))] for q in queries]
+    assert noisy == [[h.url for h in run(OfflineBackend(root_v2).text_search(q, top_k=10))] for q in queries]
+    reference = bm25.build_index((p.url, bm25.tokenize(p.title) * 2 + bm25.tokenize(p.text))
+                                 for p in backend.world.pages.values())
+    exact = [[reference.docs[d] for d, _ in reference.search(q, 10)] for q in queries]
+    assert noisy != exact
+    factor = backend._noise(queries[0], exact[0][0])
+    assert factor == backend._noise(queries[0].upper(), exact[0][0]) != backend._noise(queries[0], exact[0][1])
+    sigma = backend.world.ranking_noise
+    factors = [backend._noise(q, u) for q in queries for u in exact[0]]
+    assert 0.5 * sigma < statistics.pstdev(math.log(f) for f in factors) < 1.5 * sigma
+
+
+def test_version_two_snippets_are_prose(root_v2):
+    backend = OfflineBackend(root_v2)
+    for task in load_tasks(root_v2):
+        for hit in run(backend.text_search(task.prompt, top_k=10)):
+            assert not hit.snippet.startswith(("Posted ", "See also:", "More:", "[image:", "Media:", "PRESS RELEASE",
+                                               "*", "="))

@@ -1,4 +1,5 @@
-"""The world generator: determinism, layout, the three difficulties, visible identity, and every error."""
+"""The world generator (version 1 here; version 2 in test_v2_world): determinism, byte-identity with the first
+generator, layout, the three difficulties, visible identity, and every error."""
 
 from __future__ import annotations
 
@@ -14,26 +15,52 @@ from ranger_jax.env import core
 from ranger_jax.env.sim import build, catalog, load_tasks, load_world, world
 
 
+# Worlds built by the generator before version 2 existed (same seed and task count), hashed file by file: a
+# world_version=1 build must reproduce them byte for byte.
+FIRST_GENERATOR = {(0, 3): "461a721b9dcb472b646a58c86e7775f03b9a7c6a3fb5cd0cd7de0caa52d26f1d",
+                   (7, 4): "693cef6b4a5b0bb4487f4564641515bd9610a9c14f50e73411fff576990c02a9",
+                   (424242, 2): "35864c5d6216d3b356f789df37a7379568c9593b3c590c3655290cd03f076282"}
+
+
 def _files(root):
     return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
+def world_hash(root):
+    """SHA-256 over every file's relative path and content hash, in path order."""
+    digest = hashlib.sha256()
+    for name, data in _files(root).items():
+        digest.update(name.encode())
+        digest.update(hashlib.sha256(data).digest())
+    return digest.hexdigest()
+
+
+@pytest.mark.parametrize("seed, num_tasks", sorted(FIRST_GENERATOR))
+def test_version_one_reproduces_the_first_generator_byte_for_byte(tmp_path, seed, num_tasks):
+    root = build.build_world(tmp_path / "w", num_tasks, seed, world_version=1)
+    assert world_hash(root) == FIRST_GENERATOR[(seed, num_tasks)]
+    meta = world.read_meta(root)
+    assert meta["version"] == 1 and "world_version" not in meta  # an old world reads as version 1
+    assert load_world(root).version == 1
+
+
 def test_same_seed_is_byte_identical_and_other_seed_differs(tmp_path, small_world):
-    again = build.build_world(tmp_path / "again", 6, 7)
+    again = build.build_world(tmp_path / "again", 6, 7, world_version=1)
     first, second = _files(small_world), _files(again)
     assert sorted(first) == sorted(second)
     assert all(first[name] == second[name] for name in first), [n for n in first if first[n] != second[n]]
-    other = _files(build.build_world(tmp_path / "other", 6, 8))
+    other = _files(build.build_world(tmp_path / "other", 6, 8, world_version=1))
     assert other[world.TASKS_FILE] != first[world.TASKS_FILE]
 
 
 def test_rebuild_replaces_a_world_without_leftovers(tmp_path):
     out = tmp_path / "w"
-    build.build_world(out, 3, 1)
-    build.build_world(out, 1, 2)
+    build.build_world(out, 3, 1, world_version=1)
+    build.build_world(out, 1, 2)  # a version-2 world replaces it: JPEG files, none for failed downloads
     meta = world.read_meta(out)
     assert meta["seed"] == 2 and meta["num_tasks"] == 1
-    assert len(list((out / world.IMAGES_DIR).glob("*.png"))) == meta["num_images"]
+    served = [i for i in load_world(out).images.values() if i.error is None]
+    assert sorted(p.name for p in (out / world.IMAGES_DIR).iterdir()) == sorted(f"{i.id}.jpg" for i in served)
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging folders left
 
 
@@ -137,8 +164,12 @@ def test_identity_is_visible_in_pixels(hard_world):
 
 def test_cli_writes_a_world(tmp_path, capsys):
     build.main(["--out", str(tmp_path / "cli"), "--tasks", "2", "--seed", "5"])
-    assert "2 tasks" in capsys.readouterr().out
+    assert "world version 2" in capsys.readouterr().out and world.read_meta(tmp_path / "cli")["world_version"] == 2
     assert len(load_tasks(tmp_path / "cli")) == 2
+    build.main(["--out", str(tmp_path / "cli1"), "--tasks", "2", "--seed", "5", "--world-version", "1",
+                "--split", "heldout"])
+    assert "world version 1" in capsys.readouterr().out
+    assert world.read_meta(tmp_path / "cli1")["split"] == "heldout"
 
 
 @pytest.mark.parametrize("argv, match", [
@@ -146,6 +177,8 @@ def test_cli_writes_a_world(tmp_path, capsys):
     (["--tasks", "-3"], "--tasks must be in 1..5000, got -3"),
     (["--out", "FILE"], "--out must be a folder, and "),
     (["--out", "BUSY"], "--out must be a new or empty folder or an offline world; "),
+    (["--world-version", "3"], "--world-version: invalid choice: 3"),
+    (["--split", "test"], "--split: invalid choice: 'test'"),
 ])
 def test_cli_errors_are_usage_errors(tmp_path, capsys, argv, match):
     (tmp_path / "FILE").write_text("x")
@@ -167,6 +200,10 @@ def test_image_rows_record_the_file_hash(small_world):
 def test_build_errors_name_the_argument(tmp_path):
     with pytest.raises(ValueError, match=r"^num_tasks must be in 1\.\.5000, got 0$"):
         build.build_world(tmp_path / "w", 0, 1)
+    with pytest.raises(ValueError, match=r"^world_version must be one of \[1, 2\]; got 3$"):
+        build.build_world(tmp_path / "w", 1, 1, world_version=3)
+    with pytest.raises(ValueError, match=r"^split must be one of \['train', 'heldout'\] or None; got 'test'$"):
+        build.build_world(tmp_path / "w", 1, 1, split="test")
     (tmp_path / "file").write_text("x")
     with pytest.raises(ValueError, match=r"^out must be a folder, and .*file is a file$"):
         build.build_world(tmp_path / "file", 1, 1)
@@ -181,7 +218,7 @@ def test_build_errors_name_the_argument(tmp_path):
 def test_loader_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="is not an offline world"):
         load_world(tmp_path)
-    root = build.build_world(tmp_path / "w", 1, 3)
+    root = build.build_world(tmp_path / "w", 1, 3, world_version=1)
     tasks_text = (root / world.TASKS_FILE).read_text()
     (root / world.TASKS_FILE).write_text(tasks_text + "{not json\n")
     with pytest.raises(ValueError, match=r"tasks.jsonl:2 is not valid JSON"):
@@ -200,7 +237,10 @@ def test_loader_errors(tmp_path):
         load_world(root)
     meta = json.loads((root / world.WORLD_FILE).read_text())
     (root / world.WORLD_FILE).write_text(json.dumps({**meta, "version": 99}))
-    with pytest.raises(ValueError, match="format version 99"):
+    with pytest.raises(ValueError, match=r"format version 99, expected one of \[1, 2\]"):
+        load_world(root)
+    (root / world.WORLD_FILE).write_text(json.dumps({**meta, "world_version": 7}))
+    with pytest.raises(ValueError, match="world_version 7"):
         load_world(root)
     with pytest.raises(KeyError, match="no image with url 'https://nowhere.sim/x.png'"):
         load_world(build.build_world(tmp_path / "w2", 1, 3)).image_path("https://nowhere.sim/x.png")
