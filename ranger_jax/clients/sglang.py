@@ -100,6 +100,11 @@ class SGLangClient:
         self.session = http.Session(base_url, timeout=timeout, max_retries=max_retries,
                                     max_concurrency=max_concurrency, headers=headers)
 
+    @property
+    def base_url(self) -> str:
+        """The server root."""
+        return self.session.base_url
+
     # -- request builders ------------------------------------------------------------------------------
 
     def _generate_call(self, input_ids: Sequence[int] | np.ndarray | None, text: str | None,

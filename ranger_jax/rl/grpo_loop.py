@@ -26,7 +26,7 @@ import os
 import re
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -179,10 +179,13 @@ def run(learner: learner_lib.Learner, *, shards_dir: str | os.PathLike, weights_
         spec: batching.BatchSpec, config: GrpoLoopConfig, vision: sequence.VisionSettings = sequence.VisionSettings(),
         filter_config: filters.FilterConfig = filters.FilterConfig(), tokenizer_dir: str | os.PathLike | None = None,
         actor_commands: Sequence[Sequence[str]] = (), actor_metrics: dict[str, str | os.PathLike] | None = None,
-        metrics: metrics_lib.MetricsWriter | None = None, progress: bool = True) -> GrpoResult:
+        metrics: metrics_lib.MetricsWriter | None = None, progress: bool = True,
+        after_publish: Callable[[int, Any], Any] | None = None) -> GrpoResult:
     """Trains `learner` (objective "grpo") for `config.num_steps` rounds of actor data (see the module docstring).
 
     `actor_metrics` maps each actor's shard prefix to its `--metrics` file (how complete rounds are recognised).
+    `after_publish(version, folder)` runs after each published version, e.g. `SGLangWeightSync.update`, which makes
+    SGLang policy servers load it.
 
     Raises:
         ValueError: a learner whose objective is not "grpo".
@@ -194,8 +197,10 @@ def run(learner: learner_lib.Learner, *, shards_dir: str | os.PathLike, weights_
     stop_file = weights_dir / "STOP"
     stop_file.unlink(missing_ok=True)  # a leftover stop file would end new actors at once
     version = learner.step_count
-    weights.publish(learner.params_model(), weights_dir, version, tokenizer_dir=tokenizer_dir,
-                    keep=config.publish_keep)
+    published = weights.publish(learner.params_model(), weights_dir, version, tokenizer_dir=tokenizer_dir,
+                                keep=config.publish_keep)
+    if after_publish is not None:
+        after_publish(version, published)
     log_dir = weights_dir.parent / "actor_logs"
     procs = start_actors(actor_commands, log_dir)
     reader = RoundReader(shards_dir, actor_metrics)
@@ -231,8 +236,10 @@ def run(learner: learner_lib.Learner, *, shards_dir: str | os.PathLike, weights_
                 step_metrics = learner.step(batch)
             episodes += len(records)
             current["version"] = learner.step_count
-            weights.publish(learner.params_model(), weights_dir, current["version"], tokenizer_dir=tokenizer_dir,
-                            keep=config.publish_keep)
+            published = weights.publish(learner.params_model(), weights_dir, current["version"],
+                                        tokenizer_dir=tokenizer_dir, keep=config.publish_keep)
+            if after_publish is not None:
+                after_publish(current["version"], published)
             elapsed = time.monotonic() - started
             row = {**{f"grpo/{k}": v for k, v in step_metrics.items()}, "grpo/reward_mean": float(rewards.mean()),
                    "grpo/zero_variance_share": zero_var, "grpo/episodes_per_s": episodes / elapsed,

