@@ -50,6 +50,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({k: summary[k] for k in keys}, indent=2))
         print(f"wrote {out}/summary.json, {out}/policy/, {out}/curves.png, {out}/viewer.html")
         return 0
+    from ranger_jax.parallel import distributed
+
+    distributed.initialize()  # every worker of a TPU slice or GPU cluster joins one SPMD learner; alone: nothing
     preset = presets.PRESETS[args.preset]
     options = presets.ScaleOptions(checkpoint=args.checkpoint, tasks=args.tasks, out=out,
                                    sglang_urls=tuple(args.sglang_url))

@@ -12,6 +12,9 @@ that sample GRPO groups with the latest published weights and write one shard se
    spent waiting for actors);
 4. writes the stop file and waits for the actors to finish their round.
 
+With several learner processes (a pod), every process runs this loop: process 0 starts the actors and picks each
+round, the others train on the round it picked (each on its own share of the groups) and publish with it.
+
 A round is the learner's unit of data: an actor with `--tasks-per-round R` and group size G writes R·G
 trajectories per round, and one step trains on one round (the batch spec's batch size should be R·G).
 """
@@ -30,10 +33,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
 import tqdm
 
 from ranger_jax.data import batching, filters, pipeline, shards
+from ranger_jax.parallel import host_data
 from ranger_jax.rl import learner as learner_lib
 from ranger_jax.rl import metrics as metrics_lib
 from ranger_jax.rl import weights
@@ -202,7 +207,8 @@ def run(learner: learner_lib.Learner, *, shards_dir: str | os.PathLike, weights_
     if after_publish is not None:
         after_publish(version, published)
     log_dir = weights_dir.parent / "actor_logs"
-    procs = start_actors(actor_commands, log_dir)
+    lead = jax.process_index() == 0  # with several learner processes, process 0 runs the actors and picks rounds
+    procs = start_actors(actor_commands, log_dir) if lead else []
     reader = RoundReader(shards_dir, actor_metrics)
     stats = filters.FilterStats()
     staleness: collections.Counter[int] = collections.Counter()
@@ -214,11 +220,14 @@ def run(learner: learner_lib.Learner, *, shards_dir: str | os.PathLike, weights_
     try:
         for _ in range(config.num_steps):
             waited = time.monotonic()
-            while (paths := reader.next_round()) is None:
+            paths = None
+            while lead and (paths := reader.next_round()) is None:
                 _check_actors(procs, log_dir)
                 if time.monotonic() - waited > config.data_timeout_s:
                     raise RuntimeError(f"no complete round of shards in {shards_dir} after {config.data_timeout_s:.0f} s")
                 time.sleep(config.poll_s)
+            # every process trains on the round process 0 chose (a shared folder may show rounds at different times)
+            paths = [Path(p) for p in host_data.gather_json([str(p) for p in paths or []])[0]]
             idle += time.monotonic() - waited
             source = shards.TrajectorySource(paths)
             records = [source[i] for i in range(len(source))]

@@ -14,6 +14,7 @@ the mesh) so a run fails in its first second with all problems named; `plan(...)
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from pathlib import Path
@@ -63,7 +64,8 @@ class ScaleOptions:
     checkpoint: str | None = None  # HF Qwen3-VL-8B folder after SFT (config.json, safetensors, tokenizer.json)
     tasks: str | None = None  # RL task file: Gen-Searcher rl_data.json / parquet, KnowGen JSON(L), Savanna JSONL
     out: str = "runs/grpo"
-    sglang_urls: tuple[str, ...] = ()  # policy servers for SGLang actors; empty = JAX actors on local devices
+    sglang_urls: tuple[str, ...] = ()  # policy servers for SGLang actors (each loads every published version);
+    # empty = JAX actors on local devices
 
 
 def _env_settings(env_file: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -127,6 +129,10 @@ def check(preset: ScalePreset, options: ScaleOptions, *, environ: dict[str, str]
     rows = preset.prompts_per_step * preset.group_size
     if rows % max(1, preset.mesh[0]):
         problems.append(f"{rows} rows a step do not split over data={preset.mesh[0]}")
+    processes = len({getattr(d, "process_index", 0) for d in devices})
+    if preset.prompts_per_step % processes:
+        problems.append(f"{preset.prompts_per_step} GRPO groups a step do not split over {processes} learner "
+                        "processes (each reads whole groups); change prompts_per_step or the slice")
     return problems
 
 
@@ -184,22 +190,31 @@ def run_scale(preset: ScalePreset, options: ScaleOptions, *, progress: bool = Tr
     from ranger_jax.rollout import sequence
 
     out = Path(options.out)
+    import jax
+
+    from ranger_jax.serving import weight_sync
+
+    lead = jax.process_index() == 0  # with several learner processes, process 0 writes metrics
     data, fsdp, tensor = preset.mesh
     mesh = mesh_lib.make_mesh(data=data, fsdp=fsdp, tensor=tensor)
     model = qwen3_vl.load(options.checkpoint, mesh=mesh)
     tokenizer = tokenizer_lib.load_tokenizer(options.checkpoint)
     vision = sequence.VisionSettings(min_pixels=preset.min_pixels, max_pixels=preset.max_pixels)
-    spec = batching.BatchSpec.for_tokenizer(tokenizer, batch_size=preset.prompts_per_step * preset.group_size,
+    rows_per_process = preset.prompts_per_step * preset.group_size // jax.process_count()  # each reads its share
+    spec = batching.BatchSpec.for_tokenizer(tokenizer, batch_size=rows_per_process,
                                             length_buckets=(8192, 16384, 36864), vision=vision)
     learner = learner_lib.Learner(model, preset.learner, mesh=mesh, checkpoint_dir=out / "checkpoints")
     commands, actor_metrics = actor_commands(preset, options, weights_dir=out / "weights",
                                              shards_dir=out / "grpo_shards", metrics_dir=out / "metrics")
-    with metrics_lib.MetricsWriter(out / "metrics") as metrics:
+    # SGLang actors sample from servers that must load every published version
+    sync = weight_sync.SGLangWeightSync(options.sglang_urls) if options.sglang_urls else None
+    with metrics_lib.MetricsWriter(out / "metrics") if lead else contextlib.nullcontext() as metrics:
         result = grpo_loop.run(learner, shards_dir=out / "grpo_shards", weights_dir=out / "weights", spec=spec,
                                config=grpo_loop.GrpoLoopConfig(num_steps=preset.num_steps,
                                                                max_staleness=preset.max_staleness),
                                vision=vision, tokenizer_dir=options.checkpoint, actor_commands=commands,
-                               actor_metrics=actor_metrics, metrics=metrics, progress=progress)
+                               actor_metrics=actor_metrics, metrics=metrics, progress=progress and lead,
+                               after_publish=sync.update if sync is not None else None)
     learner.save(force=True)
     learner.close()
     return dataclasses.asdict(result)
