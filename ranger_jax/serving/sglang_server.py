@@ -330,3 +330,54 @@ def start_replicas(specs: Sequence[Spec], *, log_dir: str | os.PathLike, binary:
             server.stop()
         raise
     return servers
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m ranger_jax.serving.sglang_server policy|diffusion|router ...`: starts the servers, waits until
+    they are healthy, prints their URLs and keeps them running until interrupted (Ctrl-C or SIGTERM stops them)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("kind", choices=["policy", "diffusion", "router"])
+    parser.add_argument("--model-path", help="policy / diffusion: checkpoint folder or hub id")
+    parser.add_argument("--host", default="0.0.0.0")
+    parser.add_argument("--port", type=int, default=30000, help="the first replica's port (one more per replica)")
+    parser.add_argument("--replicas", type=int, default=1, help="policy: servers on this node")
+    parser.add_argument("--gpus", type=int, default=1, help="GPUs per replica (policy: tp size)")
+    parser.add_argument("--mem-fraction-static", type=float, default=0.8)
+    parser.add_argument("--load-format", help="policy: e.g. dummy (random weights, for smoke tests)")
+    parser.add_argument("--deterministic", action="store_true", help="policy: honour per-request seeds")
+    parser.add_argument("--worker-urls", nargs="*", default=[], help="router: the policy servers")
+    parser.add_argument("--binary", help=f"the sglang executable (default ${SGLANG_BIN_ENV}, else PATH)")
+    parser.add_argument("--log-dir", default="sglang_logs")
+    args = parser.parse_args(argv)
+    if args.kind == "router":
+        specs: list[Spec] = [RouterServer(worker_urls=tuple(args.worker_urls), host=args.host, port=args.port)]
+        envs = None
+    elif args.kind == "diffusion":
+        specs = [DiffusionServer(model_path=args.model_path, host=args.host, port=args.port, num_gpus=args.gpus)]
+        envs = None
+    else:
+        specs = [PolicyServer(model_path=args.model_path, host=args.host, port=args.port + i, tp_size=args.gpus,
+                              mem_fraction_static=args.mem_fraction_static, load_format=args.load_format,
+                              deterministic=args.deterministic) for i in range(args.replicas)]
+        # replica i owns GPUs [i·gpus, (i+1)·gpus)
+        envs = [{"CUDA_VISIBLE_DEVICES": ",".join(str(i * args.gpus + g) for g in range(args.gpus))}
+                for i in range(args.replicas)]
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    servers = start_replicas(specs, log_dir=args.log_dir, binary=args.binary, envs=envs)
+    print(" ".join(s.url for s in servers), flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        while all(s.process.poll() is None for s in servers):
+            time.sleep(5)
+        return 1  # one of them died: stop the rest
+    except (KeyboardInterrupt, SystemExit):
+        return 0
+    finally:
+        for server in servers:
+            server.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -121,3 +121,25 @@ def test_replicas_behind_the_router_and_as_a_pool(path_env, tmp_path):
         for server in replicas:
             server.stop()
     assert np.all([r.process.returncode is not None for r in replicas])
+
+
+def test_the_command_line_runs_replicas_until_terminated(path_env, tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    port = free_port()
+    env = {**os.environ, **path_env}
+    proc = subprocess.Popen([sys.executable, "-m", "ranger_jax.serving.sglang_server", "policy", "--model-path", "m",
+                             "--host", "127.0.0.1", "--port", str(port), "--replicas", "2", "--gpus", "2", "--log-dir",
+                             str(tmp_path)], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        urls = proc.stdout.readline().split()
+        assert urls == [f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port + 1}"]
+        with sglang.SGLangClient(urls[1]) as client:
+            assert client.health()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    log = (tmp_path / f"policyserver-{port + 1}.log").read_text()
+    assert "--tp-size 2" in log and "CUDA_VISIBLE_DEVICES=2,3" in log  # the second replica owns GPUs 2 and 3

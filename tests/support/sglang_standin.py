@@ -189,7 +189,8 @@ def main() -> None:
     args, _ = parser.parse_known_args()
     state = State(args, sys.argv[1:])
     server = ThreadingHTTPServer((args.host, args.port), make_handler(state))
-    print(f"stand-in sglang {args.mode} ({args.model_type}) on {args.host}:{args.port}", flush=True)
+    print(f"stand-in sglang {args.mode} ({args.model_type}) on {args.host}:{args.port}, CUDA_VISIBLE_DEVICES="
+          f"{os.environ.get('CUDA_VISIBLE_DEVICES', '')}", flush=True)
     server.serve_forever()
 
 
