@@ -34,7 +34,7 @@ import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-IMAGE_PAD = 5  # the tiny tokenizer's <|image_pad|>
+IMAGE_PAD = int(os.environ.get("STANDIN_IMAGE_PAD", "5"))  # default: the tiny tokenizer's <|image_pad|>
 
 
 def install(bin_dir: Path) -> Path:
