@@ -32,6 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     scale.add_argument("--checkpoint", help="HF Qwen3-VL-8B folder to start from (after SFT)")
     scale.add_argument("--tasks", help="RL task file")
     scale.add_argument("--sglang-url", action="append", default=[], help="SGLang policy server (repeatable)")
+    scale.add_argument("--env-file", help="environment settings (.toml) instead of the preset's savanna_live, e.g. "
+                                          "with the judge's and the generator's URLs")
     args = parser.parse_args(argv)
     out = args.out or f"runs/{args.preset}"
     if args.preset == "sim-tiny":
@@ -54,6 +56,10 @@ def main(argv: list[str] | None = None) -> int:
 
     distributed.initialize()  # every worker of a TPU slice or GPU cluster joins one SPMD learner; alone: nothing
     preset = presets.PRESETS[args.preset]
+    if args.env_file:
+        import dataclasses
+
+        preset = dataclasses.replace(preset, env_file=args.env_file)
     options = presets.ScaleOptions(checkpoint=args.checkpoint, tasks=args.tasks, out=out,
                                    sglang_urls=tuple(args.sglang_url))
     problems = presets.check(preset, options)

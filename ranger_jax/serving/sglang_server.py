@@ -9,7 +9,7 @@ Commands (sglang 0.5.23 and its router):
 
     sglang serve --model-type llm --model-path P --host H --port N --tp-size T --mem-fraction-static F
                  [--load-format dummy] [--enable-deterministic-inference] [--context-length C] ...
-    sglang serve --model-type diffusion --model-path Qwen/Qwen-Image-Edit-2509 --host H --port N --num-gpus G
+    sglang serve --model-type diffusion --model-path Qwen/Qwen-Image-Edit-2511 --host H --port N --num-gpus G
     python -m sglang_router.launch_router --host H --port N --worker-urls U1 U2 ... --policy cache_aware
 
 SGLang pins its own torch, transformers and tokenizers, which clash with this library's, so it lives in a
@@ -118,7 +118,7 @@ class PolicyServer:
 class DiffusionServer:
     """An SGLang diffusion server for Qwen-Image / Qwen-Image-Edit (`sglang serve --model-type diffusion`)."""
 
-    model_path: str  # e.g. Qwen/Qwen-Image-Edit-2509 or a local diffusers folder
+    model_path: str  # e.g. Qwen/Qwen-Image-Edit-2511 or a local diffusers folder
     host: str = "127.0.0.1"
     port: int = 30010
     num_gpus: int = 1

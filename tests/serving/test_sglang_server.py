@@ -33,8 +33,8 @@ def test_commands_carry_the_flags_that_matter():
                              "--port", "30001", "--tp-size", "2", "--mem-fraction-static", "0.7", "--load-format",
                              "dummy", "--enable-deterministic-inference", "--context-length", "40960", "--api-key", "k",
                              "--chunked-prefill-size", "8192"]
-    diffusion = srv.DiffusionServer(model_path="Qwen/Qwen-Image-Edit-2509", port=30010, num_gpus=2, sp_degree=2)
-    assert diffusion.args() == ["serve", "--model-type", "diffusion", "--model-path", "Qwen/Qwen-Image-Edit-2509",
+    diffusion = srv.DiffusionServer(model_path="Qwen/Qwen-Image-Edit-2511", port=30010, num_gpus=2, sp_degree=2)
+    assert diffusion.args() == ["serve", "--model-type", "diffusion", "--model-path", "Qwen/Qwen-Image-Edit-2511",
                                 "--host", "127.0.0.1", "--port", "30010", "--num-gpus", "2", "--sp-degree", "2"]
     router = srv.RouterServer(worker_urls=("http://a:1", "http://b:1"), port=30000)
     assert router.args() == ["-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", "30000",
