@@ -61,8 +61,8 @@ def cross_check(setup: capacity.Setup, layers: int) -> dict:
                                            "ratio": xla["temp_bytes"] / working},
         "decoder_flops_36_layers": {"ours_with_recompute": decoder_hw, "xla_lowered": xla_full["flops"],
                                     "ratio": xla_full["flops"] / decoder_hw,
-                                    "note": "XLA counts a loop body once (the chunked LM head, the blocked attention's key blocks), so it "
-                                            "reads low; no images in the "
+                                    "note": "XLA counts a loop body once (the chunked LM head, the blocked "
+                                            "attention's key blocks), so it reads low; no images in the "
                                             f"lowered batch (their vision forward would add {vision:.3e})"},
     }
 

@@ -59,7 +59,8 @@ def test_which_consumer_takes_which_location(tmp_path):
     assert storage.local_path(f"file://{tmp_path}") == tmp_path and storage.local_path("gs://b/run") is None
     assert storage.join("gs://b/run/", "weights", "latest") == "gs://b/run/weights/latest"
     assert storage.join(tmp_path, "weights") == tmp_path / "weights"
-    assert str(storage.epath("gs://b/run")) == "gs://b/run" and str(storage.epath(f"file://{tmp_path}")) == str(tmp_path)
+    assert str(storage.epath("gs://b/run")) == "gs://b/run"
+    assert str(storage.epath(f"file://{tmp_path}")) == str(tmp_path)
     with pytest.raises(ValueError, match=r"memory://x: Orbax checkpoints and Grain shards need a file-system path"):
         storage.epath("memory://x")
     with pytest.raises(ValueError, match="refusing to empty memory://x"):

@@ -13,7 +13,7 @@ formula (below) for rows r = rows per microbatch / (data · fsdp) of T tokens, a
 width D, MLP width F, query / kv widths Q = N·H and KV = K·H, L layers:
 
     remat "full":  saved   = L · r·T·D · a                               (each layer's input)
-                   working = 2 · r·T·(2·D + (Q + 2·KV + 3·F)/t) · a      (one layer recomputed, with its gradients)
+                   working = 2 · r·T·(2·D + (Q + 2·KV + 3·F)/t) · a      (one layer recomputed, and gradients)
     remat "none":  saved   = L · r·T·(2·D + (Q + 2·KV + 3·F)/t) · a      (every layer's intermediates)
     head:          2 · c·V · 4                                           (a chunk of c rows of float32 logits)
 
@@ -194,7 +194,8 @@ def activation_bytes(config: config_lib.Qwen3VLConfig, *, rows_per_chip: float, 
     head- and MLP-wide activations Q, KV and F are split over the `tensor` axis)."""
     t = config.text_config
     a = jnp.dtype(config.dtype).itemsize
-    d, f, q, kv = t.hidden_size, t.intermediate_size, t.num_attention_heads * t.head_dim, t.num_key_value_heads * t.head_dim
+    d, f = t.hidden_size, t.intermediate_size
+    q, kv = t.num_attention_heads * t.head_dim, t.num_key_value_heads * t.head_dim
     tokens = rows_per_chip * seq_len
     layer = tokens * (2 * d + (q + 2 * kv + 3 * f) / tensor) * a
     if config.remat == "full":

@@ -224,7 +224,8 @@ def run(learner: learner_lib.Learner, *, shards_dir: str | os.PathLike, weights_
             while lead and (paths := reader.next_round()) is None:
                 _check_actors(procs, log_dir)
                 if time.monotonic() - waited > config.data_timeout_s:
-                    raise RuntimeError(f"no complete round of shards in {shards_dir} after {config.data_timeout_s:.0f} s")
+                    raise RuntimeError(f"no complete round of shards in {shards_dir} after "
+                                       f"{config.data_timeout_s:.0f} s")
                 time.sleep(config.poll_s)
             # every process trains on the round process 0 chose (a shared folder may show rounds at different times)
             paths = [Path(p) for p in host_data.gather_json([str(p) for p in paths or []])[0]]

@@ -34,7 +34,8 @@ def test_setup_copies_head_installs_everywhere_and_mounts_the_bucket():
     _, commands, _ = tpu.commands_for(["setup", *BASE, "--accelerator", "v5p-64", "--bucket", "my-bucket"])
     archive, copy, install, mount = commands
     assert archive == ["git", "archive", "--format=tar.gz", "-o", "/tmp/ranger_jax.tar.gz", "HEAD"]
-    assert copy[:6] == ["gcloud", "compute", "tpus", "tpu-vm", "scp", "/tmp/ranger_jax.tar.gz"] and "--worker=all" in copy
+    assert copy[:6] == ["gcloud", "compute", "tpus", "tpu-vm", "scp", "/tmp/ranger_jax.tar.gz"]
+    assert "--worker=all" in copy
     assert install[:6] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "ranger-a"] and "--worker=all" in install
     script = install[-1]
     assert "python3.11 -m venv .venv" in script and "pip install -q -c constraints.txt -e '.[tpu]'" in script
