@@ -62,8 +62,8 @@ def results(tmp_path_factory):
 def test_both_processes_see_one_cluster_and_report_the_same_losses(results):
     reports, *_ = results
     assert [(r["process_index"], r["process_count"], r["devices"]) for r in reports] == [(0, 2, 4), (1, 2, 4)]
-    for key in ("losses", "resumed_loss", "resumed_step"):
-        assert reports[0][key] == reports[1][key], key  # one SPMD program: the metrics are global
+    for key in ("losses", "resumed_loss", "resumed_step", "params_digest"):
+        assert reports[0][key] == reports[1][key], key  # one SPMD program: global metrics, identical parameters
 
 
 def test_two_processes_step_like_one_process_with_the_global_batch(results):
