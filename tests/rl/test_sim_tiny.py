@@ -33,6 +33,9 @@ def test_summary_has_every_score(run):
     assert on_disk["num_eval_tasks"] == 4 and on_disk["wall_seconds"] > 0
     assert on_disk["expert_search_score"] == 1.0
     assert on_disk["eval_world_seed"] not in on_disk["train_world_seeds"]
+    assert on_disk["world_version"] == 1
+    for folder in (out / "worlds").iterdir():  # the first world generation, as the three-call teacher needs
+        assert json.loads((folder / "world.json").read_text()).get("world_version", 1) == 1
 
 
 def test_outputs_exist(run):
