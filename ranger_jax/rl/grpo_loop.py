@@ -180,6 +180,31 @@ def _check_actors(procs: Sequence[subprocess.Popen], log_dir: Path) -> None:
             raise RuntimeError(f"actor {i} exited with code {code}; the end of {log_dir / f'actor-{i}.log'}:\n{tail}")
 
 
+def _blank(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """`batch` with every row turned into padding (row_valid 0, nothing trained): a no-op share of a global batch."""
+    out = dict(batch)
+    out["row_valid"] = np.zeros_like(batch["row_valid"])
+    out["loss_mask"] = np.zeros_like(batch["loss_mask"])
+    if "advantages" in out:
+        out["advantages"] = np.zeros_like(batch["advantages"])
+    return out
+
+
+def _same_count(batches: list[dict[str, np.ndarray]], paths: Sequence[Path]) -> list[dict[str, np.ndarray]]:
+    """This process's batches of a round, padded with blank batches to the most any process has: every learner
+    process must take the same number of steps (each step is one program over all of them).
+
+    Raises:
+        RuntimeError: this process got no batch of a round that others did (it cannot shape a blank one).
+    """
+    most = max(host_data.gather_json(len(batches)))
+    if batches or not most:
+        return batches + [_blank(batches[-1])] * (most - len(batches))
+    raise RuntimeError(f"learner process {jax.process_index()} got none of the rows of the round "
+                       f"{[p.name for p in paths]} while others got {most} batches; give each round at least one GRPO "
+                       "group per process")
+
+
 def run(learner: learner_lib.Learner, *, shards_dir: str | os.PathLike, weights_dir: str | os.PathLike,
         spec: batching.BatchSpec, config: GrpoLoopConfig, vision: sequence.VisionSettings = sequence.VisionSettings(),
         filter_config: filters.FilterConfig = filters.FilterConfig(), tokenizer_dir: str | os.PathLike | None = None,
@@ -242,7 +267,7 @@ def run(learner: learner_lib.Learner, *, shards_dir: str | os.PathLike, weights_
             dataset = pipeline.trajectory_dataset(source, spec=spec, vision=vision, config=rules, stats=stats,
                                                   grpo_groups=True, num_epochs=1)
             step_metrics: dict[str, float] = {}
-            for batch in dataset:
+            for batch in _same_count(list(dataset), paths):
                 step_metrics = learner.step(batch)
             episodes += len(records)
             current["version"] = learner.step_count

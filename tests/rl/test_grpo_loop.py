@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 from ranger_jax.rl import grpo_loop
 
@@ -45,3 +46,23 @@ def test_actors_are_started_and_stopped_with_logs(tmp_path):
     assert procs[0].poll() is None
     assert grpo_loop.stop_actors(procs, stop, timeout_s=30) == [0]
     assert "bye" in (tmp_path / "logs" / "actor-0.log").read_text()
+
+
+def test_every_learner_process_takes_as_many_steps_as_the_busiest(monkeypatch):
+    import numpy as np
+    import pytest
+
+    from ranger_jax.parallel import host_data
+
+    batch = {"input_ids": np.ones((2, 4), np.int32), "loss_mask": np.ones((2, 4), np.float32),
+             "row_valid": np.ones(2, np.float32), "advantages": np.array([0.5, -0.5], np.float32)}
+    assert grpo_loop._same_count([batch], []) == [batch]  # one process: nothing to agree on
+    monkeypatch.setattr(host_data, "gather_json", lambda value: [value, 3])  # another process holds 3 batches
+    padded = grpo_loop._same_count([batch], [])
+    assert len(padded) == 3 and padded[0] is batch
+    for blank in padded[1:]:
+        assert not blank["row_valid"].any() and not blank["loss_mask"].any() and not blank["advantages"].any()
+        np.testing.assert_array_equal(blank["input_ids"], batch["input_ids"])
+    with pytest.raises(RuntimeError, match=r"got none of the rows of the round \['a-r00003-0.array_record'\] while "
+                                           "others got 3 batches"):
+        grpo_loop._same_count([], [Path("a-r00003-0.array_record")])
