@@ -51,7 +51,7 @@ ENV_FILE = "env.toml"
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SimTinyConfig:
-    """Everything the sim-tiny run decides (defaults: about 24 minutes on 2 CPU cores, measured)."""
+    """Everything the sim-tiny run decides (defaults: about 21 minutes on 2 CPU cores, measured)."""
 
     seed: int = 0
     # worlds
