@@ -162,8 +162,7 @@ class KnowGen:
             record = records.get(item.id)
             if record is None:
                 continue
-            image = run_dir / store.ITEMS_DIR / items_lib.file_stem(item.id) / record["image"] \
-                if record.get("image") else None
+            image = store.item_image(run_dir, item.id, record)
             failure = record.get("failure") or {}
             results.append(knowgen_eval.KnowGenResult(
                 id=item.id, prompt=item.prompt, meta=item.meta, gt_image=item.ground_truth[0] if item.ground_truth

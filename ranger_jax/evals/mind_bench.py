@@ -160,13 +160,7 @@ class MindBench:
                run_dir: Path) -> list[Path]:
         """The published layout: `mind_bench/images/{prefix}_{ID}.png` and the result rows as JSON lines."""
         out_dir = run_dir / EXPORT_DIR
-        for item in items:
-            record = records.get(item.id)
-            if record is not None and record.get("image"):
-                source = run_dir / store.ITEMS_DIR / items_lib.file_stem(item.id) / record["image"]
-                target = out_dir / IMAGES_DIR / f"{item.id}.png"
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(source.read_bytes())
+        store.copy_images(items, records, run_dir, out_dir / IMAGES_DIR, lambda item: f"{item.id}.png")
         path = out_dir / "results.jsonl"
         store.write_jsonl(path, self.rows(items, records))
         return [path]

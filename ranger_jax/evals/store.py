@@ -48,6 +48,25 @@ def write_jsonl(path: str | os.PathLike, rows: Iterable[Any]) -> None:
     fileio.write_atomic(path, text.encode("utf-8"))
 
 
+def item_image(run_dir: str | os.PathLike, item_id: str, record: Mapping[str, Any]) -> Path | None:
+    """The generated image of a finished item in run folder `run_dir` (None when the record has none)."""
+    if not record.get("image"):
+        return None
+    return Path(run_dir) / ITEMS_DIR / items_lib.file_stem(item_id) / record["image"]
+
+
+def copy_images(items: Iterable[Any], records: Mapping[str, Mapping[str, Any]], run_dir: str | os.PathLike,
+                folder: str | os.PathLike, file_name) -> None:
+    """Copies each item's generated image into `folder` as `file_name(item)` (items without one are skipped)."""
+    for item in items:
+        record = records.get(item.id)
+        source = None if record is None else item_image(run_dir, item.id, record)
+        if source is not None:
+            target = Path(folder) / file_name(item)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(source.read_bytes())
+
+
 class RunStore:
     """One run folder (layout in the module docstring).
 

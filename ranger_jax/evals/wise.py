@@ -176,13 +176,7 @@ class Wise:
                run_dir: Path) -> list[Path]:
         """The published layout: `wise/images/{prompt_id}.png`, and the scores as `wise/scores.jsonl`."""
         out_dir = run_dir / EXPORT_DIR
-        for item in items:
-            record = records.get(item.id)
-            if record is not None and record.get("image"):
-                source = run_dir / store.ITEMS_DIR / items_lib.file_stem(item.id) / record["image"]
-                target = out_dir / IMAGES_DIR / f"{item.meta['prompt_id']}.png"
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(source.read_bytes())
+        store.copy_images(items, records, run_dir, out_dir / IMAGES_DIR, lambda item: f"{item.meta['prompt_id']}.png")
         path = out_dir / "scores.jsonl"
         store.write_jsonl(path, self.rows(items, records))
         return [path]
