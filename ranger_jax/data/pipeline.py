@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import grain
@@ -250,7 +250,8 @@ def trajectory_dataset(source: shards.TrajectorySource, *, spec: batching.BatchS
                        config: filters.FilterConfig = filters.FilterConfig(), stats: filters.FilterStats | None = None,
                        grpo_groups: bool = True, seed: int = 0, num_epochs: int | None = None,
                        window_batches: int = DEFAULT_WINDOW_BATCHES, shard_index: int | None = None,
-                       shard_count: int | None = None, read_options: grain.ReadOptions | None = None
+                       shard_count: int | None = None, read_options: grain.ReadOptions | None = None,
+                       augment: Callable[[list[dict[str, Any]], np.random.Generator], list[dict[str, Any]]] | None = None
                        ) -> WindowBatchIterDataset:
     """Batches of recorded trajectories: exact tokens, masks, sampler log-probs and pixels.
 
@@ -267,14 +268,22 @@ def trajectory_dataset(source: shards.TrajectorySource, *, spec: batching.BatchS
         window_batches: batches sorted by length together.
         shard_index, shard_count: this host and the number of hosts (default: JAX's process index and count).
         read_options: Grain reader threads and prefetch (default 2 threads, one batch of units buffered).
+        augment: an SFT-only random transform of each unit's rows (e.g. `data.augment.TokenPermutation`), drawn
+            from `seed` and the element's position so a restored iterator repeats it; GRPO data (`grpo_groups`)
+            must train on the exact sampled tokens, so it refuses one.
     """
+    if augment is not None and grpo_groups:
+        raise ValueError("augment is for SFT data only: GRPO trains on exactly the sampled tokens")
     stats = filters.FilterStats() if stats is None else stats
     units = group_records(source) if grpo_groups else [(i,) for i in range(len(source))]
     load = LoadTrajectories(source, spec=spec, vision=vision, config=config, max_length=_max_length(config, spec),
                             stats=stats)
     mine = _host_units(grain.MapDataset.source(units), seed=seed, num_epochs=num_epochs, shard_index=shard_index,
                        shard_count=shard_count)
-    stream = mine.map(load).to_iter_dataset(_read_options(read_options, spec))
+    loaded = mine.map(load)
+    if augment is not None:
+        loaded = loaded.random_map(augment, seed=seed)
+    stream = loaded.to_iter_dataset(_read_options(read_options, spec))
     return WindowBatchIterDataset(stream, spec=spec, config=config, stats=stats, group_advantages=grpo_groups,
                                   window_batches=window_batches, seed=seed)
 

@@ -8,7 +8,10 @@ Stages (each with a progress bar), all under one output folder:
 2. **Teacher data.** A scripted teacher that perceives only through tools (`env.sim.finder_agent.SnippetAgent`)
    plays the SFT worlds; its texts train the policy's compact tokenizer, then its episodes are recorded
    token-exactly as trajectory shards.
-3. **SFT.** A small Qwen3-VL-shaped policy (`rl.tiny_policy`) is trained from scratch on the teacher's turns.
+3. **SFT.** A small Qwen3-VL-shaped policy (`rl.tiny_policy`, tied embeddings) first learns to copy from its context
+   on repeated random tokens (`rl.copy_warmup`), then is trained on the teacher's turns. Name
+   pieces, colour and pattern words are permuted consistently through each episode (`data.augment`): without it the
+   policy memorises the few dozen training names and their looks instead of copying them from what it reads.
 4. **GRPO.** A decoupled actor process samples groups on the GRPO world with the latest published weights; the
    learner streams its shards and publishes new weights every step (`rl.grpo_loop`).
 5. **Evaluation.** Naive, teacher, oracle expert, SFT and GRPO policies on the held-out world with the env's one
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import random
 import sys
 import time
 import tomllib
@@ -34,18 +38,19 @@ import tqdm
 
 from ranger_jax import env as env_lib
 from ranger_jax.env import perception
-from ranger_jax.data import batching, pipeline, shards
-from ranger_jax.env.sim import agents, build, world
+from ranger_jax.data import augment, batching, pipeline, shards
+from ranger_jax.env.sim import agents, build, catalog, world
 from ranger_jax.env.sim.finder_agent import SnippetAgent
 from ranger_jax.processing import chat
 from ranger_jax.processing import tokenizer as tokenizer_lib
-from ranger_jax.rl import grpo_loop, sft, tiny_policy
+from ranger_jax.rl import copy_warmup, grpo_loop, sft, tiny_policy
 from ranger_jax.rl import learner as learner_lib
 from ranger_jax.rl import learner_config
 from ranger_jax.rl import metrics as metrics_lib
 from ranger_jax.rollout import episode, policy as policy_lib, runner, scoring
 
 TOOLS = ("text_search", "image_search", "find_object")
+NAME_SAMPLES = 5000  # names drawn from the worlds' name grammar for the SFT name permutation
 ENV_FILE = "env.toml"
 
 
@@ -76,6 +81,8 @@ class SimTinyConfig:
     sft_steps: int = 400
     sft_batch: int = 8
     sft_learning_rate: float = 3e-3
+    copy_warmup_steps: int = 150  # steps on repeated random tokens before SFT (rl.copy_warmup); 0 skips it
+    sft_augment: bool = True  # permute name pieces, colour and pattern words through each SFT episode (data.augment)
     # GRPO
     grpo_steps: int = 6
     grpo_tasks_per_step: int = 4
@@ -93,6 +100,8 @@ class SimTinyConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"SimTinyConfig.{name} must be a positive int; got {value!r}")
+        if self.copy_warmup_steps < 0:
+            raise ValueError(f"SimTinyConfig.copy_warmup_steps must be >= 0; got {self.copy_warmup_steps}")
         if self.grpo_steps < 0:
             raise ValueError(f"SimTinyConfig.grpo_steps must be >= 0; got {self.grpo_steps}")
         if self.group_size < 2 and self.grpo_steps:
@@ -279,16 +288,44 @@ def grpo_learner(config: SimTinyConfig, model: Any) -> learner_lib.Learner:
     return learner_lib.Learner(model, settings)
 
 
-def run_sft(config: SimTinyConfig, tokenizer: Any, data_dir: Path, out: Path,
-            metrics: metrics_lib.MetricsWriter) -> tuple[learner_lib.Learner, sft.SftResult]:
-    """SFT of a fresh tiny policy on the teacher's shards."""
+def sft_augmentation(config: SimTinyConfig, tokenizer: Any, worlds: list[Path],
+                     source: shards.TrajectorySource) -> augment.TokenPermutation | None:
+    """The SFT data's consistent permutation: name pieces (the made-up words of the SFT worlds' family names, plus
+    words drawn from the worlds' name grammar so pieces unseen in training get trained too) and colour and pattern
+    words."""
+    names = {entity.family.split()[0] for folder in worlds for entity in world.load_world(folder).entities.values()}
+    rng, used = random.Random(config.seed), set()
+    names.update(catalog.make_word(rng, used) for _ in range(NAME_SAMPLES))
+    texts = (tokenizer.decode([int(i) for i in source[i].token_ids]) for i in range(len(source)))
+    groups = augment.word_groups(tokenizer, [list(catalog.COLOURS), list(catalog.PATTERNS)], skip_unusable=True)
+    groups += augment.name_pieces(tokenizer, names, texts)
+    return augment.TokenPermutation(groups) if groups else None
+
+
+def run_sft(config: SimTinyConfig, tokenizer: Any, data_dir: Path, out: Path, metrics: metrics_lib.MetricsWriter,
+            worlds: list[Path]) -> tuple[learner_lib.Learner, sft.SftResult, dict[str, float]]:
+    """Copy warm-up, then SFT of a fresh tiny policy on the teacher's shards (recorded on `worlds`); returns the SFT
+    learner, its result and the warm-up's last metrics (empty when skipped: no steps, or an SFT run to resume)."""
     model = tiny_policy.init_policy(tokenizer, config.size, seed=config.seed)
-    learner = sft_learner(config, model, out / "checkpoints" / "sft")
-    dataset = pipeline.trajectory_dataset(shards.TrajectorySource(data_dir), spec=batch_spec(tokenizer, config.sft_batch),
-                                          vision=tiny_policy.VISION, grpo_groups=False, seed=config.seed)
+    checkpoint_dir = out / "checkpoints" / "sft"
+    warm_stats: dict[str, float] = {}
+    if config.copy_warmup_steps and not (checkpoint_dir.exists() and any(checkpoint_dir.iterdir())):
+        warm = learner_lib.Learner(model, learner_config.LearnerConfig(
+            objective="sft", learning_rate=config.sft_learning_rate, schedule="constant", weight_decay=0.0,
+            max_grad_norm=1.0))
+        warm_stats = copy_warmup.train(warm, tokenizer, copy_warmup.CopyWarmupConfig(
+            steps=config.copy_warmup_steps, seed=config.seed), metrics=metrics, progress=config.progress)
+        model = warm.params_model()
+        warm.close()
+    learner = sft_learner(config, model, checkpoint_dir)
+    source = shards.TrajectorySource(data_dir)
+    permutation = sft_augmentation(config, tokenizer, worlds, source) if config.sft_augment else None
+    dataset = pipeline.trajectory_dataset(source, spec=batch_spec(tokenizer, config.sft_batch),
+                                          vision=tiny_policy.VISION, grpo_groups=False, seed=config.seed,
+                                          augment=permutation)
     result = sft.train(learner, dataset, num_steps=config.sft_steps, metrics=metrics, resume=True,
                        checkpoint_every=max(50, config.sft_steps // 4), progress=config.progress)
-    return learner, result
+    return learner, result, warm_stats
 
 
 def run_grpo(config: SimTinyConfig, model: Any, tokenizer_dir: Path, env_file: Path, grpo_world: Path, out: Path,
@@ -354,7 +391,7 @@ def run(config: SimTinyConfig, out: str | Path) -> dict[str, Any]:
             teacher_stats = record_teacher(config, worlds["sft"], tokenizer, data_dir)
     with metrics_lib.MetricsWriter(out / "metrics") as metrics:
         with timed(timings, "sft"):
-            learner, sft_result = run_sft(config, tokenizer, data_dir, out, metrics)
+            learner, sft_result, warm_stats = run_sft(config, tokenizer, data_dir, out, metrics, worlds["sft"])
             sft_model = learner.params_model()
             learner.close()
             sft_dir = export_policy(config, sft_model, out / "sft_policy", tokenizer_dir, env_file)
@@ -384,6 +421,7 @@ def run(config: SimTinyConfig, out: str | Path) -> dict[str, Any]:
         "world_version": config.world_version, "eval_world_seed": config.eval_seed(), "train_world_seeds": config.sft_seeds() + [config.grpo_seed()],
         "sft": {"steps": sft_result.num_steps, "final_loss": sft_result.last.get("loss"),
                 "tokens_per_s": sft_result.tokens_per_s, **teacher_stats},
+        "copy_warmup": warm_stats,
         "grpo": dataclasses.asdict(grpo_result) if grpo_result else None,
         "reward_per_task": {"sft": [e["reward"] for e in sft_eval["episodes"]],
                             "grpo": [e["reward"] for e in grpo_eval["episodes"]]},
