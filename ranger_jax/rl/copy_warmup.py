@@ -52,27 +52,44 @@ class RepeatedRandomTokens:
 
     Args:
         ids: token ids to draw from.
-        window: tokens per window.
+        window: tokens of `A`.
         batch_size: rows per batch.
         seed: the stream's seed (the same seed gives the same batches).
+        gaps: lengths of `B`, used in turn batch by batch (default: `window`). Episodes copy across hundreds of
+            tokens (the request into the answer), so the copy must work at those distances too.
     """
 
-    def __init__(self, ids: np.ndarray, *, window: int, batch_size: int, seed: int = 0):
+    def __init__(self, ids: np.ndarray, *, window: int, batch_size: int, seed: int = 0,
+                 gaps: tuple[int, ...] | None = None):
         self.ids = np.asarray(ids, np.int64)
         if self.ids.ndim != 1 or self.ids.size < 2:
             raise ValueError(f"RepeatedRandomTokens needs a 1-D array of at least 2 ids; got shape {self.ids.shape}")
-        self.window, self.batch_size = window, batch_size
-        self.rng = np.random.default_rng(seed)
+        self.gaps = (window,) if gaps is None else tuple(gaps)
+        if not self.gaps or any(isinstance(g, bool) or not isinstance(g, int) or g < 1 for g in self.gaps):
+            raise ValueError(f"RepeatedRandomTokens gaps must be positive ints; got {gaps!r}")
+        self.window, self.batch_size, self.seed = window, batch_size, seed
+        self.index = 0  # batches drawn so far: batch i depends only on (seed, i), so the state is this count
 
     def __iter__(self):
         return self
 
+    def get_state(self) -> dict[str, int]:
+        """The stream's position (JSON-safe), for checkpoints."""
+        return {"index": self.index}
+
+    def set_state(self, state: dict[str, int]) -> None:
+        """Continues from a position `get_state` returned."""
+        self.index = int(state["index"])
+
     def __next__(self) -> dict[str, np.ndarray]:
-        first = self.ids[self.rng.integers(self.ids.size, size=(self.batch_size, self.window))]
-        other = self.ids[self.rng.integers(self.ids.size, size=(self.batch_size, self.window))]
+        rng = np.random.default_rng([self.seed, self.index])
+        gap = self.gaps[self.index % len(self.gaps)]
+        self.index += 1
+        first = self.ids[rng.integers(self.ids.size, size=(self.batch_size, self.window))]
+        other = self.ids[rng.integers(self.ids.size, size=(self.batch_size, gap))]
         ids = np.concatenate([first, other, first], axis=1).astype(np.int32)
         loss_mask = np.zeros(ids.shape, np.float32)
-        loss_mask[:, 2 * self.window:] = 1.0
+        loss_mask[:, self.window + gap:] = 1.0
         return {"input_ids": ids, "attention_mask": np.ones(ids.shape, np.int32), "loss_mask": loss_mask,
                 "row_valid": np.ones(self.batch_size, np.float32)}
 

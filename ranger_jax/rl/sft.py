@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,9 @@ import tqdm
 
 from ranger_jax.rl import learner as learner_lib
 from ranger_jax.rl import metrics as metrics_lib
+
+
+REHEARSAL_KEY = "rehearsal"  # where a checkpoint's data state keeps the rehearsal stream's position
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,8 +38,9 @@ class SftResult:
 
 def train(learner: learner_lib.Learner, dataset: Iterable[dict[str, Any]], *, num_steps: int,
           metrics: metrics_lib.MetricsWriter | None = None, checkpoint_every: int | None = None,
-          resume: bool = False, progress: bool = True, log_prefix: str = "sft") -> SftResult:
-    """Runs `learner` (objective "sft") until it has taken `num_steps` updates in total.
+          resume: bool = False, progress: bool = True, log_prefix: str = "sft",
+          rehearsal: Iterator[dict[str, Any]] | None = None) -> SftResult:
+    """Runs `learner` (objective "sft") until it has taken `num_steps` SFT updates in total.
 
     Args:
         learner: the learner; with `checkpoint_every` or `resume` it needs a checkpoint_dir.
@@ -47,6 +51,11 @@ def train(learner: learner_lib.Learner, dataset: Iterable[dict[str, Any]], *, nu
         checkpoint_every: save every this many steps and at the end; None = no checkpoints.
         resume: restore the latest checkpoint (parameters, optimiser, data position) first, if there is one.
         progress: show a progress bar.
+        rehearsal: an endless batch stream (e.g. `copy_warmup.RepeatedRandomTokens`) of which one batch is trained
+            on after every SFT update, so a skill taught before SFT is not trained away by it (measured: the tiny
+            policy's copying, learned in the copy warm-up, is gone after 600 plain SFT steps). Its loss is logged
+            as `<log_prefix>/rehearsal_loss`; the learner then takes two updates per SFT step (the learning-rate
+            schedule should count both).
 
     Raises:
         ValueError: a learner whose objective is not "sft", or a dataset that runs out before `num_steps`.
@@ -54,15 +63,20 @@ def train(learner: learner_lib.Learner, dataset: Iterable[dict[str, Any]], *, nu
     if learner.config.objective != "sft":
         raise ValueError(f"sft.train needs a learner with objective 'sft'; got {learner.config.objective!r}")
     iterator = iter(dataset)
+    per_step = 2 if rehearsal is not None else 1  # learner updates per SFT step
     if resume and learner.checkpoints is not None and learner.checkpoints.latest_step() is not None:
         data_state = learner.restore()
+        if isinstance(data_state, dict) and REHEARSAL_KEY in data_state:  # saved with a rehearsal stream
+            if rehearsal is not None and hasattr(rehearsal, "set_state"):
+                rehearsal.set_state(data_state[REHEARSAL_KEY])
+            data_state = data_state["data"]
         if data_state is not None and hasattr(iterator, "set_state"):
             iterator.set_state(data_state)
-    start, started = learner.step_count, time.monotonic()
+    start, started = learner.step_count // per_step, time.monotonic()
     tokens, last = 0.0, {}
     bar = tqdm.tqdm(total=num_steps, initial=start, desc=log_prefix, unit="step", disable=not progress)
     with bar:
-        while learner.step_count < num_steps:
+        while learner.step_count // per_step < num_steps:
             try:
                 batch = next(iterator)
             except StopIteration as err:
@@ -70,16 +84,21 @@ def train(learner: learner_lib.Learner, dataset: Iterable[dict[str, Any]], *, nu
                                  "use more epochs (num_epochs) or fewer steps") from err
             last = learner.step(batch)
             tokens += last.get("tokens", 0.0)
+            if rehearsal is not None:
+                last["rehearsal_loss"] = learner.step(next(rehearsal))["loss"]
+            step = learner.step_count // per_step
             bar.update(1)
             bar.set_postfix(loss=f"{last['loss']:.4f}")
             if metrics is not None:
-                metrics.write(learner.step_count, {f"{log_prefix}/{k}": v for k, v in last.items()})
-            if checkpoint_every and (learner.step_count % checkpoint_every == 0 or learner.step_count == num_steps):
+                metrics.write(step, {f"{log_prefix}/{k}": v for k, v in last.items()})
+            if checkpoint_every and (step % checkpoint_every == 0 or step == num_steps):
                 state = iterator.get_state() if hasattr(iterator, "get_state") else None
+                if rehearsal is not None and hasattr(rehearsal, "get_state"):
+                    state = {"data": state, REHEARSAL_KEY: rehearsal.get_state()}
                 learner.save(data_state=state, force=True)
     wall = time.monotonic() - started
-    return SftResult(num_steps=learner.step_count, last=last, wall_s=wall,
-                     tokens_per_s=tokens / wall if wall > 0 and learner.step_count > start else 0.0)
+    done = learner.step_count // per_step
+    return SftResult(num_steps=done, last=last, wall_s=wall, tokens_per_s=tokens / wall if wall > 0 and done > start else 0.0)
 
 
 def dataset_for(data: str | os.PathLike, *, tokenizer: Any, batch_size: int, length_buckets: tuple[int, ...],

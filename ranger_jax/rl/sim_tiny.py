@@ -50,6 +50,9 @@ from ranger_jax.rl import metrics as metrics_lib
 from ranger_jax.rollout import episode, policy as policy_lib, runner, scoring
 
 TOOLS = ("text_search", "image_search", "find_object")
+# the copy rehearsal during SFT: rows of 32 random tokens repeated 32, 256 and 640 tokens later (episodes copy the
+# request into the answer ~700 tokens on)
+REHEARSAL_WINDOW, REHEARSAL_BATCH, REHEARSAL_GAPS = 32, 8, (32, 256, 640)
 NAME_SAMPLES = 5000  # names drawn from the worlds' name grammar for the SFT name permutation
 ENV_FILE = "env.toml"
 
@@ -82,6 +85,7 @@ class SimTinyConfig:
     sft_batch: int = 8
     sft_learning_rate: float = 3e-3
     copy_warmup_steps: int = 150  # steps on repeated random tokens before SFT (rl.copy_warmup); 0 skips it
+    copy_rehearsal: bool = True  # one step on repeated random tokens after each SFT step (keeps the copying)
     sft_augment: bool = True  # permute name pieces, colour and pattern words through each SFT episode (data.augment)
     # GRPO
     grpo_steps: int = 6
@@ -273,10 +277,12 @@ def timed(timings: dict[str, float], name: str):
 
 
 def sft_learner(config: SimTinyConfig, model: Any, checkpoint_dir: Path) -> learner_lib.Learner:
-    """The SFT learner: AdamW, warmup then cosine decay over `sft_steps`."""
+    """The SFT learner: AdamW, warmup then cosine decay over every update (`sft_steps`, twice that with the copy
+    rehearsal)."""
+    updates = config.sft_steps * (2 if config.copy_rehearsal else 1)
     settings = learner_config.LearnerConfig(objective="sft", learning_rate=config.sft_learning_rate,
-                                            schedule="cosine", warmup_steps=min(20, config.sft_steps // 10),
-                                            total_steps=config.sft_steps, weight_decay=0.0, max_grad_norm=1.0)
+                                            schedule="cosine", warmup_steps=min(20, updates // 10),
+                                            total_steps=updates, weight_decay=0.0, max_grad_norm=1.0)
     return learner_lib.Learner(model, settings, checkpoint_dir=checkpoint_dir, max_to_keep=1)
 
 
@@ -323,8 +329,14 @@ def run_sft(config: SimTinyConfig, tokenizer: Any, data_dir: Path, out: Path, me
     dataset = pipeline.trajectory_dataset(source, spec=batch_spec(tokenizer, config.sft_batch),
                                           vision=tiny_policy.VISION, grpo_groups=False, seed=config.seed,
                                           augment=permutation)
+    rehearsal = None
+    if config.copy_rehearsal:
+        rehearsal = copy_warmup.RepeatedRandomTokens(copy_warmup.ordinary_ids(tokenizer), window=REHEARSAL_WINDOW,
+                                                     batch_size=REHEARSAL_BATCH, seed=config.seed + 1,
+                                                     gaps=REHEARSAL_GAPS)
     result = sft.train(learner, dataset, num_steps=config.sft_steps, metrics=metrics, resume=True,
-                       checkpoint_every=max(50, config.sft_steps // 4), progress=config.progress)
+                       checkpoint_every=max(50, config.sft_steps // 4), progress=config.progress,
+                       rehearsal=rehearsal)
     return learner, result, warm_stats
 
 
