@@ -1,6 +1,6 @@
 """The main job: SFT then GRPO of a Qwen3-VL policy for agentic image search.
 
-    python recipes/grpo_savanna.py                          # sim-tiny: the whole method on a CPU, ~21 min on 2 cores
+    python recipes/grpo_savanna.py                          # sim-tiny: the whole method on a CPU, ~20 min on 2 cores
     python recipes/grpo_savanna.py --out runs/a --seed 1    # another seed, another folder
     python recipes/grpo_savanna.py --blind                  # the control run: observations blanked
     python recipes/grpo_savanna.py --preset savanna-8b-tpu --checkpoint CKPT --tasks rl_data.json --dry-run
