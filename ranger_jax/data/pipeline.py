@@ -251,8 +251,8 @@ def trajectory_dataset(source: shards.TrajectorySource, *, spec: batching.BatchS
                        grpo_groups: bool = True, seed: int = 0, num_epochs: int | None = None,
                        window_batches: int = DEFAULT_WINDOW_BATCHES, shard_index: int | None = None,
                        shard_count: int | None = None, read_options: grain.ReadOptions | None = None,
-                       augment: Callable[[list[dict[str, Any]], np.random.Generator], list[dict[str, Any]]] | None = None
-                       ) -> WindowBatchIterDataset:
+                       augment: Callable[[list[dict[str, Any]], np.random.Generator], list[dict[str, Any]]]
+                       | None = None) -> WindowBatchIterDataset:
     """Batches of recorded trajectories: exact tokens, masks, sampler log-probs and pixels.
 
     Args:

@@ -6,8 +6,8 @@ followed this one last time comes next"), and a small model trained from scratch
 find it in SFT's budget: it learns the templates and guesses the names. This stage gives it the mechanism cheaply:
 rows `A B A` of uniformly random ordinary tokens, with the loss on the repeated `A` only, which nothing but copying
 can predict. Measured on the tiny policy (D=128, 4 layers, vocabulary 2048, windows of 32, batches of 32, learning
-rate 3e-3): with tied input/output embeddings the repeated window's loss falls from 7.6 to 0.09 in 150 steps (about
-50 s on 2 CPU cores); with a separate output head it is still 4.6 after 300.
+rate 3e-3): with tied input/output embeddings the repeated window's loss falls from 7.6 to 0.09-0.22 in 150 steps
+(two runs; about 50 s on 2 CPU cores); with a separate output head it is still 4.6 after 300.
 """
 
 from __future__ import annotations

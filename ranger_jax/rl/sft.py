@@ -98,7 +98,8 @@ def train(learner: learner_lib.Learner, dataset: Iterable[dict[str, Any]], *, nu
                 learner.save(data_state=state, force=True)
     wall = time.monotonic() - started
     done = learner.step_count // per_step
-    return SftResult(num_steps=done, last=last, wall_s=wall, tokens_per_s=tokens / wall if wall > 0 and done > start else 0.0)
+    return SftResult(num_steps=done, last=last, wall_s=wall,
+                     tokens_per_s=tokens / wall if wall > 0 and done > start else 0.0)
 
 
 def dataset_for(data: str | os.PathLike, *, tokenizer: Any, batch_size: int, length_buckets: tuple[int, ...],

@@ -8,10 +8,11 @@ Stages (each with a progress bar), all under one output folder:
 2. **Teacher data.** A scripted teacher that perceives only through tools (`env.sim.finder_agent.SnippetAgent`)
    plays the SFT worlds; its texts train the policy's compact tokenizer, then its episodes are recorded
    token-exactly as trajectory shards.
-3. **SFT.** A small Qwen3-VL-shaped policy (`rl.tiny_policy`, tied embeddings) first learns to copy from its context
-   on repeated random tokens (`rl.copy_warmup`), then is trained on the teacher's turns. Name
-   pieces, colour and pattern words are permuted consistently through each episode (`data.augment`): without it the
-   policy memorises the few dozen training names and their looks instead of copying them from what it reads.
+3. **SFT.** A small Qwen3-VL-shaped policy (`rl.tiny_policy`, tied embeddings) is trained from scratch on the
+   teacher's turns. Name pieces, colour and pattern words are permuted consistently through each episode
+   (`data.augment`): without it the policy memorises the few dozen training names and their looks instead of copying
+   them from what it reads. Optionally (off by default, see `docs/sim_tiny.md`) it first learns to copy on repeated
+   random tokens and rehearses that after every SFT step (`rl.copy_warmup`).
 4. **GRPO.** A decoupled actor process samples groups on the GRPO world with the latest published weights; the
    learner streams its shards and publishes new weights every step (`rl.grpo_loop`).
 5. **Evaluation.** Naive, teacher, oracle expert, SFT and GRPO policies on the held-out world with the env's one
@@ -85,7 +86,7 @@ class SimTinyConfig:
     sft_batch: int = 8
     sft_learning_rate: float = 3e-3
     # Copying from the context, taught on repeated random tokens before SFT (rl.copy_warmup; 0 skips it) and rehearsed
-    # after each SFT step. Measured: it is learned (repeat loss 0.09) and, rehearsed, kept through SFT (0.02), but
+    # after each SFT step. Measured: it is learned (repeat loss 0.09-0.22) and, rehearsed, kept through SFT (0.02), but
     # the policy still does not copy names or looks in episodes (held-out SFT loss 0.65 vs 0.53 without, score 0),
     # so both are off by default; they cost ~50 s and ~35% of the SFT time.
     copy_warmup_steps: int = 0
