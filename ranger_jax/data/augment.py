@@ -13,6 +13,10 @@ Names need it most. A few hundred episodes repeat a few dozen product names, and
 at test time it writes a training request's names into its search. `name_pieces` finds the tokens that only ever
 occur inside names (sub-word pieces such as " Tr", "cro") and permutes them in classes of the same shape (leading
 space, capital letter), so every row shows names the model has never seen, spelled consistently through the episode.
+That is not enough: the policy then memorises the request *templates* around the names and still does not copy
+(score 0 on unseen tasks). `content_words` permutes every word token except the system prompt and the
+tool-call scaffolding (`protected_ids`), so nothing but the structure stays fixed and copying is the only way to
+predict a request, a name or a look; after a copy warm-up the policy learns it (measured in `docs/sim_tiny.md`).
 
 It works on token ids, so only words that are a single token (with and without a leading space, as variants) take
 part, and the recorded sequence keeps its length and image runs. Pixels are not recoloured: use it for SFT of a
@@ -121,6 +125,74 @@ def name_pieces(tokenizer: Any, names: Iterable[str], texts: Iterable[str], *, m
 
 
 _WORD = re.compile(r"[A-Za-z0-9]+")
+_WORD_TOKEN = re.compile(r"( ?)([A-Za-z][a-z]*)")
+
+
+def protected_ids(episodes: Iterable[tuple[np.ndarray, np.ndarray]], *, end_of_turn_id: int,
+                  fraction: float = 0.15) -> set[int]:
+    """The tokens a content-word permutation must leave alone, found in the data:
+
+    - every token of each episode's first message (the system prompt);
+    - every token in the assistant turns of at least `fraction` of the episodes: the tool-call and answer
+      scaffolding, and the words of the templates the policy writes (e.g. a look's "pairs a … base with …");
+    - every token the episodes contain but no assistant turn ever writes: what the policy only reads (e.g. a
+      search result's "now discounted"), the cues it decides by.
+
+    What is left — names, colours, scene words: what the policy writes and could only know by copying — is what
+    `content_words` permutes.
+
+    Args:
+        episodes: (token_ids, loss_mask) per episode, the mask 1 on assistant tokens.
+        end_of_turn_id: the id that closes a message (`<|im_end|>`).
+        fraction: how common an assistant token must be to count as scaffolding, in (0, 1].
+    """
+    if not 0.0 < fraction <= 1.0:
+        raise ValueError(f"protected_ids fraction must be in (0, 1]; got {fraction}")
+    first_message: set[int] = set()
+    seen: set[int] = set()
+    counts: dict[int, int] = {}
+    total = 0
+    for ids, mask in episodes:
+        ids, mask = np.asarray(ids, np.int64), np.asarray(mask)
+        if ids.shape != mask.shape:
+            raise ValueError(f"episode {total}: token_ids {ids.shape} and loss_mask {mask.shape} differ in shape")
+        ends = np.nonzero(ids == end_of_turn_id)[0]
+        first_message.update(int(i) for i in ids[:ends[0] if ends.size else ids.size])
+        seen.update(int(i) for i in np.unique(ids))
+        for token in np.unique(ids[mask > 0]):
+            counts[int(token)] = counts.get(int(token), 0) + 1
+        total += 1
+    if not total:
+        raise ValueError("protected_ids needs at least one episode")
+    scaffolding = {token for token, count in counts.items() if count >= fraction * total}
+    return first_message | scaffolding | (seen - set(counts))
+
+
+def content_words(tokenizer: Any, *, protected: Iterable[int], min_class: int = 2) -> list[list[np.ndarray]]:
+    """Permutation groups of every word token of the vocabulary (letters, with or without a leading space: whole
+    words and word pieces) outside `protected`.
+
+    Permuting them consistently through an episode keeps its structure (the scaffolding and the system prompt are
+    protected) and turns every request, name, scene and look into a fresh string the policy can only get right by
+    copying it from where it was read: a small policy trained from scratch on a few hundred episodes otherwise
+    memorises their templates and never learns to copy (see `docs/sim_tiny.md`). Tokens are grouped by shape —
+    leading space, capital first letter, length 1, 2, 3 or more — so a permuted text keeps its word boundaries and
+    capitals; a shape with fewer than `min_class` tokens is left out.
+
+    Returns:
+        Groups for `TokenPermutation` (one spelling each); empty when no token qualifies.
+    """
+    protected = {int(i) for i in protected}
+    classes: dict[tuple[bool, bool, int], list[int]] = {}
+    for token in range(tokenizer.vocab_size):
+        if token in protected:
+            continue
+        match = _WORD_TOKEN.fullmatch(tokenizer.decode([token]))
+        if match is None:
+            continue
+        space, word = match.groups()
+        classes.setdefault((bool(space), word[0].isupper(), min(len(word), 4)), []).append(token)
+    return [[np.asarray(ids, np.int64)] for _, ids in sorted(classes.items()) if len(ids) >= min_class]
 
 
 def word_groups(tokenizer: Any, words: Sequence[Sequence[str]], *,

@@ -51,7 +51,9 @@ class EnvConfig:
     """Tools and limits of one `ToolEnv` (defaults follow Gen-Searcher's agent loop)."""
 
     tools: tuple[str, ...] = tools.TOOL_NAMES  # enabled tools, canonical names
-    prompt_style: str = "full"  # system prompt: "full" (rules + JSON tool schemas) or "compact" (small policies)
+    # system prompt: "full" (rules + JSON tool schemas), "compact" (small policies) or "date" (only today's date, for
+    # policies trained from scratch)
+    prompt_style: str = "full"
     show_links: bool = True  # URLs in search results; without web_fetch they are only noise to a small policy
     max_turns: int = 9  # policy turns before the forced final-answer turn
     final_answer_turn: bool = True  # after max_turns, one "FINAL STEP" turn (else the episode ends: max_turns)
@@ -76,8 +78,8 @@ class EnvConfig:
     summarizer_cache_dir: str | None = None
 
     def __post_init__(self):
-        if self.prompt_style not in ("full", "compact"):
-            raise ValueError(f"prompt_style must be 'full' or 'compact'; got {self.prompt_style!r}")
+        if self.prompt_style not in ("full", "compact", "date"):
+            raise ValueError(f"prompt_style must be 'full', 'compact' or 'date'; got {self.prompt_style!r}")
         if isinstance(self.tools, str) or not isinstance(self.tools, (list, tuple)):
             raise ValueError(f"tools must be a list of tool names from {list(tools.TOOL_NAMES)}; got {self.tools!r}")
         object.__setattr__(self, "tools", tuple(self.tools))

@@ -130,7 +130,14 @@ def compact_system_prompt(schemas: list[dict[str, Any]], *, today: dt.date, max_
     return "\n".join(lines) + f"\nToday's date: {today.isoformat()}"
 
 
-PROMPT_STYLES = {"full": system_prompt, "compact": compact_system_prompt}
+def date_system_prompt(schemas: list[dict[str, Any]], *, today: dt.date, max_tool_calls: int, max_refs: int) -> str:
+    """Only today's date: for a policy trained from scratch, which learns the tools and formats from its data and for
+    which every fixed prompt token is context it must learn to look past (see `docs/sim_tiny.md`)."""
+    del schemas, max_tool_calls, max_refs  # learned from the data, not read
+    return f"Today's date: {today.isoformat()}"
+
+
+PROMPT_STYLES = {"full": system_prompt, "compact": compact_system_prompt, "date": date_system_prompt}
 
 
 def tool_response(body: str) -> str:

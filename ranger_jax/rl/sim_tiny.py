@@ -28,19 +28,19 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import random
 import sys
 import time
 import tomllib
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import tqdm
 
 from ranger_jax import env as env_lib
 from ranger_jax.env import perception
-from ranger_jax.data import augment, batching, pipeline, shards
-from ranger_jax.env.sim import agents, build, catalog, world
+from ranger_jax.data import augment, batching, first_turns, pipeline, shards
+from ranger_jax.env.sim import agents, build, world
 from ranger_jax.env.sim.finder_agent import SnippetAgent
 from ranger_jax.processing import chat
 from ranger_jax.processing import tokenizer as tokenizer_lib
@@ -54,7 +54,8 @@ TOOLS = ("text_search", "image_search", "find_object")
 # the copy rehearsal during SFT: rows of 32 random tokens repeated 32, 256 and 640 tokens later (episodes copy the
 # request into the answer ~700 tokens on)
 REHEARSAL_WINDOW, REHEARSAL_BATCH, REHEARSAL_GAPS = 32, 8, (32, 256, 640)
-NAME_SAMPLES = 5000  # names drawn from the worlds' name grammar for the SFT name permutation
+SCAFFOLD_FRACTION = 0.15  # assistant tokens in at least this share of teacher episodes are templates, never permuted
+FIRST_TURN_BATCH = 16  # rows of the first-turn stage (~100 tokens each)
 ENV_FILE = "env.toml"
 
 
@@ -73,6 +74,9 @@ class SimTinyConfig:
     # page-reading pixel-only expert with eight calls as teacher; its three-call teacher scores ~0.05 there.
     world_version: int = 1
     # environment (what the policy sees)
+    # Only today's date as system prompt: the policy learns the tools and formats from its data, and a fixed
+    # 200-token prompt is context it must learn to look past (copying was learned far more slowly with it).
+    prompt_style: str = "date"
     max_turns: int = 5
     max_tool_calls: int = 4
     text_top_k: int = 5
@@ -85,13 +89,15 @@ class SimTinyConfig:
     sft_steps: int = 350
     sft_batch: int = 8
     sft_learning_rate: float = 3e-3
-    # Copying from the context, taught on repeated random tokens before SFT (rl.copy_warmup; 0 skips it) and rehearsed
-    # after each SFT step. Measured: it is learned (repeat loss 0.09-0.22) and, rehearsed, kept through SFT (0.02), but
-    # the policy still does not copy names or looks in episodes (held-out SFT loss 0.65 vs 0.53 without, score 0),
-    # so both are off by default; they cost ~50 s and ~35% of the SFT time.
-    copy_warmup_steps: int = 0
+    # Before SFT: copying from the context, taught on repeated random tokens (rl.copy_warmup; 0 skips it), then the
+    # first turns of the teacher's episodes (data.first_turns: request -> first search, ~100 tokens a row), every
+    # content word permuted. Measured (docs/sim_tiny.md): without the warm-up the first-turn loss stays at ~1.3, with
+    # it the policy learns to copy (held-out first-turn loss ~0.03).
+    copy_warmup_steps: int = 150
+    first_turn_steps: int = 900
+    # Rehearsing the random-token copy after every SFT step (off: measured not to help, ~35% more SFT time).
     copy_rehearsal: bool = False
-    sft_augment: bool = True  # permute name pieces, colour and pattern words through each SFT episode (data.augment)
+    sft_augment: bool = True  # permute every content word through each SFT episode (data.augment.content_words)
     # GRPO
     grpo_steps: int = 6
     grpo_tasks_per_step: int = 4
@@ -109,8 +115,10 @@ class SimTinyConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"SimTinyConfig.{name} must be a positive int; got {value!r}")
-        if self.copy_warmup_steps < 0:
-            raise ValueError(f"SimTinyConfig.copy_warmup_steps must be >= 0; got {self.copy_warmup_steps}")
+        for name in ("copy_warmup_steps", "first_turn_steps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"SimTinyConfig.{name} must be an int >= 0; got {value!r}")
         if self.grpo_steps < 0:
             raise ValueError(f"SimTinyConfig.grpo_steps must be >= 0; got {self.grpo_steps}")
         if self.group_size < 2 and self.grpo_steps:
@@ -131,7 +139,7 @@ class SimTinyConfig:
 
     def env_options(self) -> dict[str, Any]:
         """EnvConfig fields of the environment the policy acts in."""
-        return {"tools": list(TOOLS), "prompt_style": "compact", "show_links": False, "max_turns": self.max_turns,
+        return {"tools": list(TOOLS), "prompt_style": self.prompt_style, "show_links": False, "max_turns": self.max_turns,
                 "max_tool_calls": self.max_tool_calls}
 
 
@@ -299,38 +307,48 @@ def grpo_learner(config: SimTinyConfig, model: Any) -> learner_lib.Learner:
     return learner_lib.Learner(model, settings)
 
 
-def sft_augmentation(config: SimTinyConfig, tokenizer: Any, worlds: list[Path],
-                     source: shards.TrajectorySource) -> augment.TokenPermutation | None:
-    """The SFT data's consistent permutation: name pieces (the made-up words of the SFT worlds' family names, plus
-    words drawn from the worlds' name grammar so pieces unseen in training get trained too) and colour and pattern
-    words."""
-    names = {entity.family.split()[0] for folder in worlds for entity in world.load_world(folder).entities.values()}
-    rng, used = random.Random(config.seed), set()
-    names.update(catalog.make_word(rng, used) for _ in range(NAME_SAMPLES))
-    texts = (tokenizer.decode([int(i) for i in source[i].token_ids]) for i in range(len(source)))
-    groups = augment.word_groups(tokenizer, [list(catalog.COLOURS), list(catalog.PATTERNS)], skip_unusable=True)
-    groups += augment.name_pieces(tokenizer, names, texts)
+def sft_augmentation(tokenizer: Any, source: shards.TrajectorySource) -> augment.TokenPermutation | None:
+    """The SFT data's consistent permutation of every content word (`augment.content_words`): all word tokens of the
+    vocabulary except the system prompt's, the templates of the teacher's turns and the words it only reads
+    (`augment.protected_ids`)."""
+    episodes = ((source[i].token_ids, source[i].loss_mask) for i in range(len(source)))
+    protected = augment.protected_ids(episodes, end_of_turn_id=tokenizer.im_end_id, fraction=SCAFFOLD_FRACTION)
+    groups = augment.content_words(tokenizer, protected=protected)
     return augment.TokenPermutation(groups) if groups else None
 
 
-def run_sft(config: SimTinyConfig, tokenizer: Any, data_dir: Path, out: Path, metrics: metrics_lib.MetricsWriter,
-            worlds: list[Path]) -> tuple[learner_lib.Learner, sft.SftResult, dict[str, float]]:
-    """Copy warm-up, then SFT of a fresh tiny policy on the teacher's shards (recorded on `worlds`); returns the SFT
-    learner, its result and the warm-up's last metrics (empty when skipped: no steps, or an SFT run to resume)."""
+def _pre_sft_learner(config: SimTinyConfig, model: Any) -> learner_lib.Learner:
+    return learner_lib.Learner(model, learner_config.LearnerConfig(
+        objective="sft", learning_rate=config.sft_learning_rate, schedule="constant", weight_decay=0.0,
+        max_grad_norm=1.0))
+
+
+def run_sft(config: SimTinyConfig, tokenizer: Any, data_dir: Path, out: Path,
+            metrics: metrics_lib.MetricsWriter) -> tuple[learner_lib.Learner, sft.SftResult, dict[str, float]]:
+    """Copy warm-up, first turns, then SFT of a fresh tiny policy on the teacher's shards; returns the SFT learner,
+    its result and the stages' last metrics before SFT (`copy_warmup`, `first_turns`; empty when skipped: no
+    steps, or an SFT run to resume)."""
     model = tiny_policy.init_policy(tokenizer, config.size, seed=config.seed)
     checkpoint_dir = out / "checkpoints" / "sft"
-    warm_stats: dict[str, float] = {}
-    if config.copy_warmup_steps and not (checkpoint_dir.exists() and any(checkpoint_dir.iterdir())):
-        warm = learner_lib.Learner(model, learner_config.LearnerConfig(
-            objective="sft", learning_rate=config.sft_learning_rate, schedule="constant", weight_decay=0.0,
-            max_grad_norm=1.0))
-        warm_stats = copy_warmup.train(warm, tokenizer, copy_warmup.CopyWarmupConfig(
-            steps=config.copy_warmup_steps, seed=config.seed), metrics=metrics, progress=config.progress)
-        model = warm.params_model()
-        warm.close()
-    learner = sft_learner(config, model, checkpoint_dir)
     source = shards.TrajectorySource(data_dir)
-    permutation = sft_augmentation(config, tokenizer, worlds, source) if config.sft_augment else None
+    permutation = sft_augmentation(tokenizer, source) if config.sft_augment else None
+    stages: dict[str, dict[str, float]] = {}
+    if not (checkpoint_dir.exists() and any(checkpoint_dir.iterdir())):  # a resumed SFT run skips both stages
+        if config.copy_warmup_steps:
+            warm = _pre_sft_learner(config, model)
+            stages["copy_warmup"] = copy_warmup.train(warm, tokenizer, copy_warmup.CopyWarmupConfig(
+                steps=config.copy_warmup_steps, seed=config.seed), metrics=metrics, progress=config.progress)
+            model = warm.params_model()
+            warm.close()
+        if config.first_turn_steps:
+            first = _pre_sft_learner(config, model)
+            batches = first_turns.FirstTurnBatches(source, pad_id=tokenizer.pad_id, batch_size=FIRST_TURN_BATCH,
+                                                   seed=config.seed, augment=permutation)
+            stages["first_turns"] = sft.train(first, batches, num_steps=config.first_turn_steps, metrics=metrics,
+                                              progress=config.progress, log_prefix="first_turns").last
+            model = first.params_model()
+            first.close()
+    learner = sft_learner(config, model, checkpoint_dir)
     dataset = pipeline.trajectory_dataset(source, spec=batch_spec(tokenizer, config.sft_batch),
                                           vision=tiny_policy.VISION, grpo_groups=False, seed=config.seed,
                                           augment=permutation)
@@ -342,7 +360,7 @@ def run_sft(config: SimTinyConfig, tokenizer: Any, data_dir: Path, out: Path, me
     result = sft.train(learner, dataset, num_steps=config.sft_steps, metrics=metrics, resume=True,
                        checkpoint_every=max(50, config.sft_steps // 4), progress=config.progress,
                        rehearsal=rehearsal)
-    return learner, result, warm_stats
+    return learner, result, stages
 
 
 def run_grpo(config: SimTinyConfig, model: Any, tokenizer_dir: Path, env_file: Path, grpo_world: Path, out: Path,
@@ -389,6 +407,18 @@ def _summary_scores(prefix: str, result: dict[str, Any]) -> dict[str, float]:
     return {f"{prefix}_search_score": result["search_score"], f"{prefix}_reward": result["reward_mean"]}
 
 
+def paired_difference(before: list[float], after: list[float]) -> dict[str, float]:
+    """Mean of `after - before` over the same tasks, with its standard error (paired, sample std) and the unpaired
+    standard error of the two means: GRPO beats SFT when the difference exceeds two standard errors."""
+    if len(before) != len(after) or len(before) < 2:
+        raise ValueError(f"paired_difference needs two equal-length lists of >= 2 rewards; got {len(before)} and "
+                         f"{len(after)}")
+    a, b = np.asarray(before, np.float64), np.asarray(after, np.float64)
+    n = a.size
+    return {"mean": float((b - a).mean()), "se_paired": float((b - a).std(ddof=1) / np.sqrt(n)),
+            "se_unpaired": float(np.sqrt(a.var(ddof=1) / n + b.var(ddof=1) / n)), "num_tasks": n}
+
+
 def run(config: SimTinyConfig, out: str | Path) -> dict[str, Any]:
     """The whole sim-tiny job into folder `out` (see the module docstring); returns the summary it writes."""
     from ranger_jax.data import viewer
@@ -408,7 +438,7 @@ def run(config: SimTinyConfig, out: str | Path) -> dict[str, Any]:
             teacher_stats = record_teacher(config, worlds["sft"], tokenizer, data_dir)
     with metrics_lib.MetricsWriter(out / "metrics") as metrics:
         with timed(timings, "sft"):
-            learner, sft_result, warm_stats = run_sft(config, tokenizer, data_dir, out, metrics, worlds["sft"])
+            learner, sft_result, pre_sft = run_sft(config, tokenizer, data_dir, out, metrics)
             sft_model = learner.params_model()
             learner.close()
             sft_dir = export_policy(config, sft_model, out / "sft_policy", tokenizer_dir, env_file)
@@ -438,8 +468,10 @@ def run(config: SimTinyConfig, out: str | Path) -> dict[str, Any]:
         "world_version": config.world_version, "eval_world_seed": config.eval_seed(), "train_world_seeds": config.sft_seeds() + [config.grpo_seed()],
         "sft": {"steps": sft_result.num_steps, "final_loss": sft_result.last.get("loss"),
                 "tokens_per_s": sft_result.tokens_per_s, **teacher_stats},
-        "copy_warmup": warm_stats,
+        "pre_sft": pre_sft,
         "grpo": dataclasses.asdict(grpo_result) if grpo_result else None,
+        "grpo_minus_sft_reward": paired_difference([e["reward"] for e in sft_eval["episodes"]],
+                                                   [e["reward"] for e in grpo_eval["episodes"]]),
         "reward_per_task": {"sft": [e["reward"] for e in sft_eval["episodes"]],
                             "grpo": [e["reward"] for e in grpo_eval["episodes"]]},
         "timings_s": timings, "wall_seconds": round(time.monotonic() - started, 1),

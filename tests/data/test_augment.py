@@ -176,3 +176,56 @@ def test_name_pieces_permute_only_tokens_that_occur_inside_names(tmp_path):
 def test_name_pieces_need_a_name():
     with pytest.raises(ValueError, match="name"):
         augment.name_pieces(WordTokenizer(["a"]), [" ", ""], ["text"])
+
+
+def _compact_tokenizer(tmp_path, lines):
+    from ranger_jax.processing import compact_tokenizer
+    from ranger_jax.processing import tokenizer as tokenizer_lib
+    compact_tokenizer.train_compact_tokenizer(lines * 4, tmp_path, vocab_size=600)
+    return tokenizer_lib.load_tokenizer(tmp_path)
+
+
+def test_protected_ids_are_the_first_message_and_common_assistant_tokens():
+    END = 9
+    episodes = [(np.array([1, 2, END, 30, 40, 50, 60, END]), np.array([0, 0, 0, 0, 1, 1, 1, 1])),
+                (np.array([1, 3, END, 31, 40, 51, 61, END]), np.array([0, 0, 0, 0, 1, 1, 1, 1])),
+                (np.array([1, 2, END, 32, 40, 52, 60, END]), np.array([0, 0, 0, 0, 1, 1, 0, 1]))]
+    # first messages: {1, 2, 3}; only read (never in an assistant turn): 30, 31, 32; assistant tokens in >= 2 of 3
+    # episodes: 40 and END (the third's 60 is not an assistant token, so 60 counts once)
+    read = {30, 31, 32}
+    assert augment.protected_ids(episodes, end_of_turn_id=END, fraction=0.5) == {1, 2, 3, 40, END} | read
+    assert augment.protected_ids(episodes, end_of_turn_id=END, fraction=0.3) == {
+        1, 2, 3, 40, 50, 51, 52, 60, 61, END} | read
+    with pytest.raises(ValueError, match="fraction"):
+        augment.protected_ids(episodes, end_of_turn_id=END, fraction=0.0)
+    with pytest.raises(ValueError, match="shape"):
+        augment.protected_ids([(np.arange(3), np.ones(2))], end_of_turn_id=END)
+    with pytest.raises(ValueError, match="at least one episode"):
+        augment.protected_ids([], end_of_turn_id=END)
+
+
+def test_content_words_permute_every_unprotected_word_token_by_shape(tmp_path):
+    names, lines = _name_texts()
+    tokenizer = _compact_tokenizer(tmp_path, lines)
+    protected = set(tokenizer.encode(" Souvenir stamp"))
+    groups = augment.content_words(tokenizer, protected=protected)
+    ids = np.concatenate([g[0] for g in groups])
+    assert np.unique(ids).size == ids.size and not protected & set(ids.tolist())
+    for group in groups:  # one shape per group: leading space, capital and length class alike
+        pieces = [tokenizer.decode([int(i)]) for i in group[0]]
+        assert len({(p.startswith(" "), p.strip()[0].isupper(), min(len(p.strip()), 4)) for p in pieces}) == 1
+        assert all(p.strip().isalpha() for p in pieces)
+    import re
+    shapes = {}
+    for i in range(tokenizer.vocab_size):  # the same classes, found independently
+        m = re.fullmatch(r"( ?)([A-Za-z][a-z]*)", tokenizer.decode([i]))
+        if m and i not in protected:
+            shapes.setdefault((m.group(1), m.group(2)[0].isupper(), min(len(m.group(2)), 4)), set()).add(i)
+    assert {frozenset(g[0].tolist()) for g in groups} == {frozenset(v) for v in shapes.values() if len(v) >= 2}
+    perm = augment.TokenPermutation(groups)
+    rng = np.random.default_rng(1)
+    row = np.asarray(tokenizer.encode(lines[0]))
+    out, = perm([{"input_ids": row}], rng)
+    got = tokenizer.decode(out["input_ids"].tolist())
+    assert got != lines[0] and " Souvenir stamp" in got  # content changed, the protected words stayed
+    assert [w.isdigit() for w in got.split()] == [w.isdigit() for w in lines[0].split()]  # digits never move

@@ -227,3 +227,15 @@ def test_locates_version_two_targets_from_photographs(photo_world):
                 hits += bool(found) and box_iou(found[0].box, boxes[target_id]) >= 0.5
     assert total >= 10
     assert hits / total >= 0.75, (hits, total)
+
+
+def test_date_prompt_is_only_todays_date_and_the_tools_still_work(small_world):
+    root, _, tasks = small_world
+    with env.make("offline", world=str(root), tools=TOOLS, prompt_style="date") as tool_env:
+        state = tool_env.reset(tasks[0])
+        system = state.messages[0]["content"]
+        assert system.startswith("Today's date: ") and "\n" not in system and "find_object" not in system
+        state, _ = tool_env.step(state, agents.tool_call("find_object", {"description": "red"}, "x"))
+        assert "run image_search first" in state.messages[-1]["content"]
+    with pytest.raises(ValueError, match="'full', 'compact' or 'date'"):
+        env.make("offline", world=str(root), tools=TOOLS, prompt_style="tiny")

@@ -11,7 +11,8 @@ from ranger_jax.rl import sim_tiny, tiny_policy
 from ranger_jax.rollout import trained_env
 
 MICRO = sim_tiny.SimTinyConfig(
-    sft_worlds=1, tasks_per_world=4, grpo_tasks=4, eval_tasks=4, sft_steps=2, sft_batch=4, grpo_steps=2, copy_warmup_steps=2, copy_rehearsal=True,
+    sft_worlds=1, tasks_per_world=4, grpo_tasks=4, eval_tasks=4, sft_steps=2, sft_batch=4, grpo_steps=2, copy_warmup_steps=2,
+    first_turn_steps=2, copy_rehearsal=True,
     grpo_tasks_per_step=1, group_size=2, max_new_tokens=24, progress=False, teacher_min_reward=0.0,
     size=tiny_policy.TinyPolicySize(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                     num_attention_heads=2, num_key_value_heads=1, head_dim=16, vocab_size=512,
@@ -34,7 +35,9 @@ def test_summary_has_every_score(run):
     assert on_disk["expert_search_score"] == 1.0
     assert on_disk["eval_world_seed"] not in on_disk["train_world_seeds"]
     assert on_disk["world_version"] == 1
-    assert on_disk["copy_warmup"]["repeat_loss"] > 0 and on_disk["config"]["sft_augment"] is True
+    assert on_disk["pre_sft"]["copy_warmup"]["repeat_loss"] > 0 and on_disk["config"]["sft_augment"] is True
+    assert on_disk["pre_sft"]["first_turns"]["loss"] > 0
+    assert on_disk["grpo_minus_sft_reward"]["num_tasks"] == 4
     for folder in (out / "worlds").iterdir():  # the first world generation, as the three-call teacher needs
         assert json.loads((folder / "world.json").read_text()).get("world_version", 1) == 1
 
@@ -112,3 +115,15 @@ def test_teacher_rejection_keeps_only_good_episodes(run, tmp_path):
     assert stats["teacher_episodes"] == 4 and stats["teacher_kept"] == len(kept) == sum(r >= threshold
                                                                                         for r in everything)
     assert all(r >= threshold for r in kept)
+
+
+def test_paired_difference_of_grpo_over_sft():
+    import numpy as np
+    before, after = [0.0, 0.5, 1.0, 0.2], [0.5, 0.5, 1.0, 0.6]
+    got = sim_tiny.paired_difference(before, after)
+    d = np.array(after) - np.array(before)
+    assert got["num_tasks"] == 4 and got["mean"] == pytest.approx(d.mean())
+    assert got["se_paired"] == pytest.approx(d.std(ddof=1) / 2)
+    assert got["se_unpaired"] == pytest.approx(np.sqrt(np.var(before, ddof=1) / 4 + np.var(after, ddof=1) / 4))
+    with pytest.raises(ValueError, match="equal-length"):
+        sim_tiny.paired_difference([0.1, 0.2], [0.1])

@@ -89,7 +89,7 @@ def test_trained_env_file_round_trip_and_errors(tmp_path, world_dir):
         ([], "must hold a JSON object"),
         ({"envs": {}}, r"unknown tables \['envs'\]"),
         ({"env": {"max_turn": 3}}, "unknown key 'max_turn' in 'env'"),
-        ({"env": {"prompt_style": "tiny"}}, "prompt_style must be 'full' or 'compact'"),
+        ({"env": {"prompt_style": "tiny"}}, "prompt_style must be 'full', 'compact' or 'date'"),
         ({"rewards": {"max_references": 4}}, "reward key 'max_references' is gone"),
         ({"image": {"max_pixel": 5}}, "unknown key 'max_pixel'"),
         ({"image": {"min_pixels": 0}}, "'min_pixels' must be a positive integer"),
