@@ -8,11 +8,12 @@ Stages (each with a progress bar), all under one output folder:
 2. **Teacher data.** A scripted teacher that perceives only through tools (`env.sim.finder_agent.SnippetAgent`)
    plays the SFT worlds; its texts train the policy's compact tokenizer, then its episodes are recorded
    token-exactly as trajectory shards.
-3. **SFT.** A small Qwen3-VL-shaped policy (`rl.tiny_policy`, tied embeddings) is trained from scratch on the
-   teacher's turns. Name pieces, colour and pattern words are permuted consistently through each episode
-   (`data.augment`): without it the policy memorises the few dozen training names and their looks instead of copying
-   them from what it reads. Optionally (off by default, see `docs/sim_tiny.md`) it first learns to copy on repeated
-   random tokens and rehearses that after every SFT step (`rl.copy_warmup`).
+3. **SFT.** A small Qwen3-VL-shaped policy (`rl.tiny_policy`, tied embeddings, a date-only system prompt) is
+   trained from scratch: a copy warm-up on repeated random tokens (`rl.copy_warmup`), then the first turns of the
+   teacher's episodes (`data.first_turns`), then whole episodes. Every content word — names, colours, scenes;
+   not the system prompt, the templates of the teacher's turns or the words it only reads — is permuted
+   consistently through each row (`data.augment.content_words`): without it the policy memorises the training
+   requests instead of copying from what it reads, and scores 0 on unseen tasks (`docs/sim_tiny.md`).
 4. **GRPO.** A decoupled actor process samples groups on the GRPO world with the latest published weights; the
    learner streams its shards and publishes new weights every step (`rl.grpo_loop`).
 5. **Evaluation.** Naive, teacher, oracle expert, SFT and GRPO policies on the held-out world with the env's one
@@ -86,7 +87,7 @@ class SimTinyConfig:
     size: tiny_policy.TinyPolicySize = tiny_policy.TinyPolicySize(vocab_size=2048)
     max_new_tokens: int = 160
     # SFT
-    sft_steps: int = 350
+    sft_steps: int = 300
     sft_batch: int = 8
     sft_learning_rate: float = 3e-3
     # Before SFT: copying from the context, taught on repeated random tokens (rl.copy_warmup; 0 skips it), then the
@@ -94,7 +95,7 @@ class SimTinyConfig:
     # content word permuted. Measured (docs/sim_tiny.md): without the warm-up the first-turn loss stays at ~1.3, with
     # it the policy learns to copy (held-out first-turn loss ~0.03).
     copy_warmup_steps: int = 150
-    first_turn_steps: int = 900
+    first_turn_steps: int = 700
     # Rehearsing the random-token copy after every SFT step (off: measured not to help, ~35% more SFT time).
     copy_rehearsal: bool = False
     sft_augment: bool = True  # permute every content word through each SFT episode (data.augment.content_words)
@@ -102,7 +103,7 @@ class SimTinyConfig:
     grpo_steps: int = 6
     grpo_tasks_per_step: int = 4
     group_size: int = 8
-    grpo_learning_rate: float = 3e-4
+    grpo_learning_rate: float = 1e-4
     temperature: float = 1.0
     max_staleness: int = 2
     # control
