@@ -53,7 +53,7 @@ _ROUND = re.compile(r"-r(\d{5,})-\d+\.array_record$")
 class GrpoLoopConfig:
     """How long the loop runs and what it accepts."""
 
-    num_steps: int  # learner updates
+    num_steps: int  # rounds of actor data (each one learner update when it fits one batch; none when nothing is trainable)
     max_staleness: int = 2  # k: trajectories sampled more than k versions ago are dropped
     poll_s: float = 0.1  # how often the shard folder is listed while waiting
     data_timeout_s: float = 600.0  # waiting this long for a round is an error (actors dead or stuck)
@@ -79,6 +79,7 @@ class GrpoResult:
     episodes_per_s: float
     staleness: dict[int, int]
     dropped: dict[str, Any]
+    skipped_rounds: int = 0  # rounds with no trainable row (e.g. every group's rewards equal): no update, no publish
 
 
 class RoundReader:
@@ -198,7 +199,9 @@ def _same_count(batches: list[dict[str, np.ndarray]], paths: Sequence[Path]) -> 
         RuntimeError: this process got no batch of a round that others did (it cannot shape a blank one).
     """
     most = max(host_data.gather_json(len(batches)))
-    if batches or not most:
+    if not most:  # nothing trainable anywhere (e.g. every group had one reward): the round is skipped
+        return []
+    if batches:
         return batches + [_blank(batches[-1])] * (most - len(batches))
     raise RuntimeError(f"learner process {jax.process_index()} got none of the rows of the round "
                        f"{[p.name for p in paths]} while others got {most} batches; give each round at least one GRPO "
@@ -237,7 +240,7 @@ def run(learner: learner_lib.Learner, *, shards_dir: str | os.PathLike, weights_
     reader = RoundReader(shards_dir, actor_metrics)
     stats = filters.FilterStats()
     staleness: collections.Counter[int] = collections.Counter()
-    started, idle, episodes = time.monotonic(), 0.0, 0
+    started, idle, episodes, skipped_rounds = time.monotonic(), 0.0, 0, 0
     current = {"version": version}
     rules = dataclasses.replace(filter_config, max_staleness=config.max_staleness,
                                 current_version=lambda: current["version"])
@@ -270,18 +273,22 @@ def run(learner: learner_lib.Learner, *, shards_dir: str | os.PathLike, weights_
             for batch in _same_count(list(dataset), paths):
                 step_metrics = learner.step(batch)
             episodes += len(records)
-            current["version"] = learner.step_count
-            published = weights.publish(learner.params_model(), weights_dir, current["version"],
-                                        tokenizer_dir=tokenizer_dir, keep=config.publish_keep)
-            if after_publish is not None:
-                after_publish(current["version"], published)
+            if learner.step_count != current["version"]:  # a round with nothing to train publishes nothing new
+                current["version"] = learner.step_count
+                published = weights.publish(learner.params_model(), weights_dir, current["version"],
+                                            tokenizer_dir=tokenizer_dir, keep=config.publish_keep)
+                if after_publish is not None:
+                    after_publish(current["version"], published)
+            else:
+                skipped_rounds += 1
             elapsed = time.monotonic() - started
             row = {**{f"grpo/{k}": v for k, v in step_metrics.items()}, "grpo/reward_mean": float(rewards.mean()),
                    "grpo/zero_variance_share": zero_var, "grpo/episodes_per_s": episodes / elapsed,
                    "grpo/idle_fraction": idle / elapsed, "grpo/version": current["version"],
+                   "grpo/skipped_rounds": skipped_rounds,
                    "grpo/mean_staleness": float(np.mean([current["version"] - 1 - v for v in versions]))}
             if metrics is not None:
-                metrics.write(current["version"], row)
+                metrics.write(learner.step_count + skipped_rounds, row)
             bar.update(1)
             bar.set_postfix(reward=f"{rewards.mean():.3f}", idle=f"{idle / elapsed:.2f}")
     finally:
@@ -293,4 +300,5 @@ def run(learner: learner_lib.Learner, *, shards_dir: str | os.PathLike, weights_
     return GrpoResult(num_steps=config.num_steps, final_version=current["version"], wall_s=wall,
                       idle_fraction=idle / wall if wall > 0 else 0.0, episodes=episodes,
                       episodes_per_s=episodes / wall if wall > 0 else 0.0,
-                      staleness=dict(sorted(staleness.items())), dropped=stats.as_dict())
+                      staleness=dict(sorted(staleness.items())), dropped=stats.as_dict(),
+                      skipped_rounds=skipped_rounds)

@@ -66,3 +66,8 @@ def test_every_learner_process_takes_as_many_steps_as_the_busiest(monkeypatch):
     with pytest.raises(RuntimeError, match=r"got none of the rows of the round \['a-r00003-0.array_record'\] while "
                                            "others got 3 batches"):
         grpo_loop._same_count([], [Path("a-r00003-0.array_record")])
+
+
+def test_a_round_with_nothing_trainable_gives_no_batches():
+    # e.g. the blind control's rounds, where every group's rewards are equal and the filters keep no row
+    assert grpo_loop._same_count([], []) == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -127,3 +128,11 @@ def test_paired_difference_of_grpo_over_sft():
     assert got["se_unpaired"] == pytest.approx(np.sqrt(np.var(before, ddof=1) / 4 + np.var(after, ddof=1) / 4))
     with pytest.raises(ValueError, match="equal-length"):
         sim_tiny.paired_difference([0.1, 0.2], [0.1])
+
+
+def test_blind_micro_run_survives_rounds_with_nothing_to_train(tmp_path):
+    # blind, the micro policy's groups all score alike: the filters keep no row, and such a round is skipped
+    summary = sim_tiny.run(dataclasses.replace(MICRO, blind=True, first_turn_steps=1, copy_warmup_steps=1), tmp_path)
+    grpo = summary["grpo"]
+    assert grpo["num_steps"] == 2 and grpo["final_version"] + grpo["skipped_rounds"] == 2
+    assert summary["blind"] is True and 0.0 <= summary["grpo_reward"] <= 1.0
