@@ -103,6 +103,7 @@ class SimTinyConfig:
     grpo_steps: int = 6
     grpo_tasks_per_step: int = 4
     group_size: int = 8
+    # measured from one SFT policy (held-out reward 0.275): 1e-4 -> 0.257, 3e-4 -> 0.221, 1e-3 -> 0 (docs/sim_tiny.md)
     grpo_learning_rate: float = 1e-4
     temperature: float = 1.0
     max_staleness: int = 2
