@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from ranger_jax.data import streams
+
 
 def first_turn(token_ids: Sequence[int], loss_mask: Sequence[int], *, image_pad_id: int | None = None,
                where: str = "episode") -> tuple[np.ndarray, np.ndarray]:
@@ -37,7 +39,7 @@ def first_turn(token_ids: Sequence[int], loss_mask: Sequence[int], *, image_pad_
     return ids[:end], mask[:end]
 
 
-class FirstTurnBatches:
+class FirstTurnBatches(streams.SeededBatchStream):
     """An endless, seeded stream of first-turn batches (learner batch contract, text only).
 
     Args:
@@ -59,23 +61,10 @@ class FirstTurnBatches:
         if not self.rows:
             raise ValueError("FirstTurnBatches needs at least one episode")
         self.length = max(ids.size for ids, _ in self.rows)
-        self.pad_id, self.batch_size, self.seed, self.augment = pad_id, batch_size, seed, augment
-        self.index = 0
+        super().__init__(seed)
+        self.pad_id, self.batch_size, self.augment = pad_id, batch_size, augment
 
-    def __iter__(self):
-        return self
-
-    def get_state(self) -> dict[str, int]:
-        """The stream's position (JSON-safe), for checkpoints."""
-        return {"index": self.index}
-
-    def set_state(self, state: dict[str, int]) -> None:
-        """Continues from a position `get_state` returned."""
-        self.index = int(state["index"])
-
-    def __next__(self) -> dict[str, np.ndarray]:
-        rng = np.random.default_rng([self.seed, self.index])
-        self.index += 1
+    def batch(self, rng: np.random.Generator, index: int) -> dict[str, np.ndarray]:
         shape = (self.batch_size, self.length)
         ids, loss_mask = np.full(shape, self.pad_id, np.int64), np.zeros(shape, np.float32)
         attention = np.zeros(shape, np.int32)

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import tqdm
 
+from ranger_jax.data import streams
 from ranger_jax.rl import learner as learner_lib
 from ranger_jax.rl import metrics as metrics_lib
 
@@ -47,7 +48,7 @@ def ordinary_ids(tokenizer: Any) -> np.ndarray:
     return ids
 
 
-class RepeatedRandomTokens:
+class RepeatedRandomTokens(streams.SeededBatchStream):
     """An endless stream of `A B A` batches (learner batch contract, text only; loss on the second `A`).
 
     Args:
@@ -67,24 +68,11 @@ class RepeatedRandomTokens:
         self.gaps = (window,) if gaps is None else tuple(gaps)
         if not self.gaps or any(isinstance(g, bool) or not isinstance(g, int) or g < 1 for g in self.gaps):
             raise ValueError(f"RepeatedRandomTokens gaps must be positive ints; got {gaps!r}")
-        self.window, self.batch_size, self.seed = window, batch_size, seed
-        self.index = 0  # batches drawn so far: batch i depends only on (seed, i), so the state is this count
+        super().__init__(seed)
+        self.window, self.batch_size = window, batch_size
 
-    def __iter__(self):
-        return self
-
-    def get_state(self) -> dict[str, int]:
-        """The stream's position (JSON-safe), for checkpoints."""
-        return {"index": self.index}
-
-    def set_state(self, state: dict[str, int]) -> None:
-        """Continues from a position `get_state` returned."""
-        self.index = int(state["index"])
-
-    def __next__(self) -> dict[str, np.ndarray]:
-        rng = np.random.default_rng([self.seed, self.index])
-        gap = self.gaps[self.index % len(self.gaps)]
-        self.index += 1
+    def batch(self, rng: np.random.Generator, index: int) -> dict[str, np.ndarray]:
+        gap = self.gaps[index % len(self.gaps)]
         first = self.ids[rng.integers(self.ids.size, size=(self.batch_size, self.window))]
         other = self.ids[rng.integers(self.ids.size, size=(self.batch_size, gap))]
         ids = np.concatenate([first, other, first], axis=1).astype(np.int32)

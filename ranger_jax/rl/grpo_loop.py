@@ -53,7 +53,8 @@ _ROUND = re.compile(r"-r(\d{5,})-\d+\.array_record$")
 class GrpoLoopConfig:
     """How long the loop runs and what it accepts."""
 
-    num_steps: int  # rounds of actor data (each one learner update when it fits one batch; none when nothing is trainable)
+    # rounds of actor data (one learner update each when a round fits one batch; none when nothing is trainable)
+    num_steps: int
     max_staleness: int = 2  # k: trajectories sampled more than k versions ago are dropped
     poll_s: float = 0.1  # how often the shard folder is listed while waiting
     data_timeout_s: float = 600.0  # waiting this long for a round is an error (actors dead or stuck)

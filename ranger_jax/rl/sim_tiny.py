@@ -141,8 +141,8 @@ class SimTinyConfig:
 
     def env_options(self) -> dict[str, Any]:
         """EnvConfig fields of the environment the policy acts in."""
-        return {"tools": list(TOOLS), "prompt_style": self.prompt_style, "show_links": False, "max_turns": self.max_turns,
-                "max_tool_calls": self.max_tool_calls}
+        return {"tools": list(TOOLS), "prompt_style": self.prompt_style, "show_links": False,
+                "max_turns": self.max_turns, "max_tool_calls": self.max_tool_calls}
 
 
 def write_env_file(config: SimTinyConfig, path: Path) -> Path:

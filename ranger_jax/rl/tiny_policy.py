@@ -38,8 +38,8 @@ class TinyPolicySize:
     vision_depth: int = 1
     vision_hidden_size: int = 32
     # Logits from the input embeddings, as Qwen3-VL-2B/4B do. For a model this small it decides whether it can copy
-    # from its context at all: see `rl.copy_warmup` (the repeated-window loss falls to 0.09-0.22 in 150 steps tied, and is
-    # still 4.6 after 300 untied).
+    # from its context at all: see `rl.copy_warmup` (the repeated-window loss falls to 0.09-0.22 in 150 steps tied,
+    # and is still 4.6 after 300 untied).
     tie_word_embeddings: bool = True
 
     def __post_init__(self):
