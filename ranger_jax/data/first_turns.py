@@ -65,6 +65,7 @@ class FirstTurnBatches(streams.SeededBatchStream):
         self.pad_id, self.batch_size, self.augment = pad_id, batch_size, augment
 
     def batch(self, rng: np.random.Generator, index: int) -> dict[str, np.ndarray]:
+        """Batch `index`: `batch_size` first turns drawn from `rng`, each permuted afresh, padded to one length."""
         shape = (self.batch_size, self.length)
         ids, loss_mask = np.full(shape, self.pad_id, np.int64), np.zeros(shape, np.float32)
         attention = np.zeros(shape, np.int32)

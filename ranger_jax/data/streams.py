@@ -31,4 +31,5 @@ class SeededBatchStream:
         return self.batch(np.random.default_rng([self.seed, index]), index)
 
     def batch(self, rng: np.random.Generator, index: int) -> dict[str, Any]:
+        """Batch `index`, drawn from `rng` (seeded by (seed, index))."""
         raise NotImplementedError

@@ -72,6 +72,7 @@ class RepeatedRandomTokens(streams.SeededBatchStream):
         self.window, self.batch_size = window, batch_size
 
     def batch(self, rng: np.random.Generator, index: int) -> dict[str, np.ndarray]:
+        """Batch `index`: `A B A` rows with gap `gaps[index % len(gaps)]`, drawn from `rng`."""
         gap = self.gaps[index % len(self.gaps)]
         first = self.ids[rng.integers(self.ids.size, size=(self.batch_size, self.window))]
         other = self.ids[rng.integers(self.ids.size, size=(self.batch_size, gap))]
