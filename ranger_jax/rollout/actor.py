@@ -269,6 +269,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-preflight", action="store_true",
                    help="skip the check that every remote service has its key and answers before the run")
     p.add_argument("--group-size", type=int, default=1, help="G: samples per task")
+    p.add_argument("--branch-turns", default="0",
+                   help="comma-separated turns; each group draws one, plays the turns before it greedily (shared, "
+                        "untrained) and samples from it on (default 0: whole episodes sampled)")
     p.add_argument("--concurrency", type=int, default=8, help="episodes in flight")
     p.add_argument("--seed", type=int, default=0, help="base seed of the episodes' sampling seeds (an SGLang server "
                                                        "honours them only when launched with "
@@ -327,8 +330,13 @@ def main(argv: Sequence[str] | None = None) -> ActorSummary | decoupled.RoundsSu
     tokenizer = tokenizer_lib.load_tokenizer(args.tokenizer or checkpoint or default_tokenizer_dir())
     api_key = os.environ.get(args.policy_api_key_env)
     vision = sequence.VisionSettings(min_pixels=args.min_pixels, max_pixels=args.max_pixels)
+    try:
+        branch_turns = tuple(int(t) for t in args.branch_turns.split(","))
+    except ValueError:
+        parser.error(f"--branch-turns must be comma-separated ints; got {args.branch_turns!r}")
     config = runner.RolloutConfig(
         group_size=args.group_size, concurrency=args.concurrency, seed=args.seed, run_id=args.run_id,
+        branch_turns=branch_turns,
         episode=episode_lib.EpisodeConfig(
             max_new_tokens=args.max_new_tokens, max_context_tokens=args.max_context_tokens, vision=vision,
             sampling=policy_lib.SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k),

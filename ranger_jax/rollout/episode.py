@@ -97,14 +97,23 @@ class EpisodeCache:
         return turn + renderer.render_user(user)
 
 
+GREEDY = policy_lib.SamplingParams(temperature=0.0, top_p=1.0, top_k=-1)
+
+
 @dataclasses.dataclass(frozen=True)
 class EpisodeSpec:
-    """Who an episode is: its task, GRPO group, sample index and seed."""
+    """Who an episode is: its task, GRPO group, sample index and seed.
+
+    `sample_from_turn` is the first turn sampled with the episode's sampling settings: the turns before it are
+    greedy and recorded as context (loss mask 0), so the samples of a group share them and differ only from that
+    turn on (`runner.RolloutConfig.branch_turns`).
+    """
 
     task: core.Task
     group_id: str
     sample_index: int
     seed: int
+    sample_from_turn: int = 0
 
     @property
     def rid(self) -> str:
@@ -197,8 +206,10 @@ async def _loop(env: tool_env.ToolEnv, policy: policy_lib.Policy, ep: _Episode, 
             ep.error = f"no room for a turn: {len(ep.seq)} tokens of {config.max_context_tokens}"
             return env.terminate(state, core.CONTEXT_EXCEEDED)
         prompt_ids = np.concatenate([ep.seq.ids, ep.generation_prompt.ids]).astype(np.int32)
+        sampled = turn >= ep.spec.sample_from_turn
         request = policy_lib.TurnRequest(
-            rid=ep.spec.rid, turn=turn, prompt_ids=prompt_ids, new_images=new_images, sampling=config.sampling,
+            rid=ep.spec.rid, turn=turn, prompt_ids=prompt_ids, new_images=new_images,
+            sampling=config.sampling if sampled else GREEDY,
             max_new_tokens=min(config.max_new_tokens, room), stop_token_ids=(tok.im_end_id,),
             seed=turn_seed(ep.spec.seed, turn), state=state)
         t0 = time.monotonic()
@@ -210,7 +221,7 @@ async def _loop(env: tool_env.ToolEnv, policy: policy_lib.Policy, ep: _Episode, 
             return env.terminate(state, core.ERROR)
         generate_s = time.monotonic() - t0
         info: dict[str, Any] = {"turn": turn, "generate_s": round(generate_s, 6), "new_tokens": int(gen.token_ids.size),
-                                "finish_reason": gen.finish_reason, "policy": dict(gen.info)}
+                                "finish_reason": gen.finish_reason, "sampled": sampled, "policy": dict(gen.info)}
         ep.turns.append(info)
         problem = _check_generation(gen, request, tok.vision_ids)
         if problem is not None:
@@ -219,7 +230,7 @@ async def _loop(env: tool_env.ToolEnv, policy: policy_lib.Policy, ep: _Episode, 
         ep.seq.append(ep.generation_prompt)  # only now: a failed turn leaves the sequence at a turn boundary
         ep.versions.append(gen.policy_version)
         ep.weight_versions.append(gen.weight_version)
-        ep.seq.append_generated(gen.token_ids, gen.logprobs)
+        ep.seq.append_generated(gen.token_ids, gen.logprobs, trained=sampled)
         if not gen.token_ids.size or int(gen.token_ids[-1]) != tok.im_end_id:
             ep.seq.append(chat.Rendered(np.asarray([tok.im_end_id], np.int32), np.zeros(1, bool), (),
                                         np.zeros((0, 3), np.int64)))
@@ -290,6 +301,7 @@ def _record(ep: _Episode, policy: policy_lib.Policy, state: tool_env.EnvState, s
     metadata: Mapping[str, Any] = {
         "policy": policy.name, "token_exact": policy.token_exact,
         "rl_trainable": bool(policy.token_exact and policy.has_logprobs), "seed": ep.spec.seed, "rid": ep.spec.rid,
+        "sample_from_turn": ep.spec.sample_from_turn,
         "num_turns": state.num_turns, "num_tool_calls": state.num_tool_calls, "turns": ep.turns,
         "policy_versions": ep.versions, "weight_versions": ep.weight_versions, "error": ep.error,
         "max_context_tokens": ep.config.max_context_tokens,

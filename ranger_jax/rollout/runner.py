@@ -34,6 +34,12 @@ class RolloutConfig:
     seed: int = 0
     run_id: str = "run"  # prefix of every group id (make it unique per actor and step)
     episode: episode_lib.EpisodeConfig = episode_lib.EpisodeConfig()
+    # Branching turns: each group draws one of these (seeded by its index); its samples play the turns before it
+    # greedily as shared, untrained context and sample from it on (`EpisodeSpec.sample_from_turn`). (0,) samples
+    # whole episodes. Later branches give credit to fewer turns: the advantage then compares continuations of one
+    # shared prefix, which cuts the variance of the policy gradient (tree-style rollouts, as ARPO branches after tool
+    # calls).
+    branch_turns: tuple[int, ...] = (0,)
 
     def __post_init__(self):
         for name in ("group_size", "concurrency"):
@@ -44,6 +50,11 @@ class RolloutConfig:
             raise ValueError(f"RolloutConfig.seed must be an int >= 0; got {self.seed!r}")
         if not self.run_id or "/" in self.run_id:
             raise ValueError(f"RolloutConfig.run_id must be non-empty without '/'; got {self.run_id!r}")
+        turns = tuple(self.branch_turns)
+        if not turns or any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in turns):
+            raise ValueError(f"RolloutConfig.branch_turns must be a non-empty tuple of ints >= 0; got "
+                             f"{self.branch_turns!r}")
+        object.__setattr__(self, "branch_turns", turns)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +75,14 @@ def episode_seed(seed: int, group_index: int, sample_index: int) -> int:
     """A 63-bit seed for one episode from the run seed and its place in the run."""
     state = np.random.SeedSequence([seed & 0xFFFFFFFF, seed >> 32, group_index, sample_index]).generate_state(2)
     return int((int(state[0]) << 31) ^ int(state[1]))
+
+
+def branch_turn(config: RolloutConfig, group_index: int) -> int:
+    """The branching turn of one group: drawn from `config.branch_turns`, seeded by (seed, group index)."""
+    if len(config.branch_turns) == 1:
+        return config.branch_turns[0]
+    rng = np.random.default_rng([config.seed & 0xFFFFFFFF, config.seed >> 32, group_index, 0xB4])
+    return config.branch_turns[int(rng.integers(len(config.branch_turns)))]
 
 
 def group_id(run_id: str, group_index: int, task: core.Task) -> str:
@@ -92,7 +111,8 @@ async def agroups(env: tool_env.ToolEnv, policy: policy_lib.Policy, tasks: Itera
             return False
         index, task, k = spec
         episode = episode_lib.EpisodeSpec(task=task, group_id=group_id(config.run_id, index, task), sample_index=k,
-                                          seed=episode_seed(config.seed, index, k))
+                                          seed=episode_seed(config.seed, index, k),
+                                          sample_from_turn=branch_turn(config, index))
         coroutine = episode_lib.run_episode(env, policy, episode, renderer=renderer, config=config.episode,
                                             scorer=scorer, cache=cache)
         running[asyncio.ensure_future(coroutine)] = (index, task)

@@ -250,8 +250,9 @@ class TokenSequence:
         self._mask.extend([0] * len(segment))
         self._logprobs.extend([0.0] * len(segment))
 
-    def append_generated(self, token_ids: np.ndarray, logprobs: np.ndarray) -> None:
-        """Appends sampled ids with loss mask 1 and their sampler log-probs.
+    def append_generated(self, token_ids: np.ndarray, logprobs: np.ndarray, *, trained: bool = True) -> None:
+        """Appends sampled ids with loss mask 1 and their sampler log-probs (`trained=False`: the policy's ids as
+        context only, mask 0 and log-prob 0, e.g. the greedy turns before a group's branching turn).
 
         Raises:
             ValueError: a sampled id is `<|image_pad|>` (its run would have no pixels), or the lengths differ.
@@ -263,8 +264,8 @@ class TokenSequence:
             raise ValueError(f"generated ids hold <|image_pad|> ({self.image_pad_id}) at position "
                              f"{int(np.flatnonzero(token_ids == self.image_pad_id)[0])}")
         self._ids.extend(token_ids.astype(np.int64).tolist())
-        self._mask.extend([1] * token_ids.size)
-        self._logprobs.extend(logprobs.tolist())
+        self._mask.extend([int(trained)] * token_ids.size)
+        self._logprobs.extend(logprobs.tolist() if trained else [0.0] * token_ids.size)
 
     def arrays(self) -> dict[str, np.ndarray]:
         """`token_ids` [T] int32, `loss_mask` [T] int8, `sampler_logprobs` [T] float32."""

@@ -13,7 +13,7 @@ from ranger_jax.rollout import trained_env
 
 MICRO = sim_tiny.SimTinyConfig(
     sft_worlds=1, tasks_per_world=4, grpo_tasks=4, eval_tasks=4, sft_steps=2, sft_batch=4, grpo_steps=2, copy_warmup_steps=2,
-    first_turn_steps=2, copy_rehearsal=True,
+    first_turn_steps=2, copy_rehearsal=True, branch_turns=(0, 1),
     grpo_tasks_per_step=1, group_size=2, max_new_tokens=24, progress=False, teacher_min_reward=0.0,
     size=tiny_policy.TinyPolicySize(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                     num_attention_heads=2, num_key_value_heads=1, head_dim=16, vocab_size=512,
@@ -58,8 +58,11 @@ def test_grpo_ran_decoupled_with_versions_and_staleness(run):
     grpo = summary["grpo"]
     assert grpo["num_steps"] == 2 and grpo["final_version"] == 2 and grpo["episodes"] >= 4
     assert all(int(k) >= 0 for k in grpo["staleness"]) and sum(grpo["staleness"].values()) == grpo["episodes"]
-    versions = {t.policy_version for path in shards.list_shards(out / "grpo_shards") for t in shards.read_shard(path)}
-    assert versions <= {0, 1, 2} and 0 in versions
+    records = [t for path in shards.list_shards(out / "grpo_shards") for t in shards.read_shard(path)]
+    assert {t.policy_version for t in records} <= {0, 1, 2} and 0 in {t.policy_version for t in records}
+    assert {t.metadata["sample_from_turn"] for t in records} <= {0, 1}  # the groups' branching turns
+    with pytest.raises(ValueError, match="branch_turns must be a non-empty tuple of ints >= 0"):
+        dataclasses.replace(MICRO, branch_turns=(-1,))
     assert (out / "weights" / "latest").read_text().strip() == "2"
     assert (out / "weights" / "STOP").exists()
 

@@ -79,6 +79,17 @@ def test_seeds_and_config_errors():
         runner.RolloutConfig(seed=-1)
     with pytest.raises(ValueError, match="run_id must be non-empty without '/'; got 'a/b'"):
         runner.RolloutConfig(run_id="a/b")
+    for bad in ((), (1, -1), (True,), (1.0,)):
+        with pytest.raises(ValueError, match="branch_turns must be a non-empty tuple of ints >= 0"):
+            runner.RolloutConfig(branch_turns=bad)
+    # each group draws its branching turn from the choices, the same for the same (seed, group) and varied across
+    config = runner.RolloutConfig(seed=4, branch_turns=[1, 2, 3])
+    assert config.branch_turns == (1, 2, 3)
+    drawn = [runner.branch_turn(config, g) for g in range(300)]
+    assert drawn == [runner.branch_turn(config, g) for g in range(300)] and set(drawn) == {1, 2, 3}
+    assert min(drawn.count(t) for t in (1, 2, 3)) > 60
+    assert drawn != [runner.branch_turn(runner.RolloutConfig(seed=5, branch_turns=(1, 2, 3)), g) for g in range(300)]
+    assert {runner.branch_turn(runner.RolloutConfig(seed=4), g) for g in range(10)} == {0}
     with pytest.raises(ValueError, match="top_p must be in"):
         policy.SamplingParams(top_p=0)
     with pytest.raises(ValueError, match="top_k must be a positive int or -1"):

@@ -182,3 +182,26 @@ def test_batches_wait_for_stragglers_and_survive_new_event_loops(tiny_sampler, t
     assert asyncio.run(contended()) == asyncio.run(contended())  # a second loop: no "bound to a different loop"
     with pytest.raises(ValueError, match="batch_wait_s must be >= 0; got -1"):
         sampler_policy.SamplerPolicy(tiny_sampler, num_rows=1, batch_wait_s=-1)
+
+
+def test_a_group_shares_its_greedy_turns_before_its_branching_turn(tiny_env, tiny_sampler, tiny_renderer, tiny_config,
+                                                                   tasks, scorer):
+    pol = sampler_policy.SamplerPolicy(tiny_sampler, num_rows=3, capacity=CAPACITY)
+    config = runner.RolloutConfig(group_size=3, concurrency=3, seed=11, run_id="branch", episode=tiny_config(),
+                                  branch_turns=(1,))
+    (group,) = runner.run(tiny_env, pol, tasks[:1], renderer=tiny_renderer, config=config, scorer=scorer)
+    firsts = []
+    for t in group.trajectories:
+        turns = t.metadata["turns"]
+        assert t.metadata["sample_from_turn"] == 1
+        assert [turn["sampled"] for turn in turns] == [False] + [True] * (len(turns) - 1)
+        mask = np.asarray(t.loss_mask)
+        # turn 0 is context: not trained, no log-probs; the sampled turns are trained, with their log-probs
+        assert int(mask.sum()) == sum(turn["new_tokens"] for turn in turns[1:])
+        assert not np.any(np.asarray(t.sampler_logprobs)[mask == 0])
+        first_trained = int(np.flatnonzero(mask)[0]) if mask.any() else len(mask)
+        firsts.append(np.asarray(t.token_ids)[:first_trained])
+    # the greedy first turn (and the observation after it) is the same in every sample of the group
+    shortest = min(len(f) for f in firsts)
+    assert shortest > 0 and all(np.array_equal(f[:shortest], firsts[0][:shortest]) for f in firsts)
+    assert len({tuple(np.asarray(t.token_ids)) for t in group.trajectories}) > 1  # the samples differ after it
