@@ -219,6 +219,24 @@ class Learner:
             self.state, metrics = train_step_lib.jit_train_step(self.state, arrays)
         return {k: float(v) for k, v in jax.device_get(metrics).items()}
 
+    def gradient(self, batch: Mapping[str, Any]) -> np.ndarray:
+        """The gradient `step(batch)` would apply (before clipping), as one float32 vector over the trained
+        parameters; nothing is updated (`rl.diagnostics` measures how consistent these are across batches).
+
+        Raises:
+            ValueError: from `check_batch`.
+        """
+        check_batch(batch, self.config, self.model_config, self.mesh)
+        arrays = self._place_batch(batch)
+        with self._mesh_context():
+            if self._ref_params is not None:
+                arrays["ref_logp"] = _jit_logprobs(self.state.graphdef, self._ref_params, arrays)
+            _, gradient = train_step_lib.jit_batch_gradient(self.state, arrays)
+        if not gradient.is_fully_addressable:  # several processes: every one gets the whole vector
+            from jax.experimental import multihost_utils
+            gradient = multihost_utils.process_allgather(gradient, tiled=True)
+        return np.asarray(jax.device_get(gradient), np.float32)
+
     def logprobs(self, batch: Mapping[str, Any]) -> np.ndarray:
         """[B, T] float32 log-probabilities of the batch's tokens under the current parameters (0 at position 0); with
         several processes, of this process's rows."""

@@ -20,6 +20,7 @@ from support.learner_batches import CONFIG, text_batch
 from ranger_jax.models.qwen3_vl import init, load, save
 from ranger_jax.parallel import mesh as mesh_lib
 from ranger_jax.parallel import placement
+from ranger_jax.rl import diagnostics
 from ranger_jax.rl import train_step as train_step_lib
 from ranger_jax.rl.learner import Learner, LearnerConfig
 
@@ -100,6 +101,22 @@ def test_two_sft_steps_match_transformers_and_torch_adamw(tiny_checkpoint, refer
     assert set(ours) == set(torch_params)
     for key, value in ours.items():  # two implementations: within 1% of one step's learning rate
         np.testing.assert_allclose(value, torch_params[key], atol=0.01 * SFT.learning_rate, err_msg=key)
+
+
+def test_gradient_is_the_steps_gradient_and_updates_nothing(tiny_checkpoint, reference):
+    metrics, params = reference
+    learner = Learner(load(tiny_checkpoint), SFT)
+    gradient = learner.gradient(BATCHES[0])
+    trained = sum(int(np.prod(v.shape)) for v in params.values())
+    assert gradient.dtype == np.float32 and gradient.shape == (trained,)
+    assert float(np.linalg.norm(gradient)) == pytest.approx(metrics[0]["grad_norm"], rel=1e-5)  # torch-checked
+    assert learner.step_count == 0
+    assert [learner.step(batch)["loss"] for batch in BATCHES] == pytest.approx([m["loss"] for m in metrics], abs=1e-6)
+    empty = {**BATCHES[1], "loss_mask": np.zeros_like(BATCHES[1]["loss_mask"])}
+    assert not np.any(learner.gradient(empty))
+    agreement = diagnostics.measure(learner, [text_batch(i) for i in range(4)])
+    assert agreement.num_batches == 4 and agreement.batch_rows == BATCHES[0]["input_ids"].shape[0]
+    assert agreement.mean_gradient_norm > 0 and learner.step_count == 2
 
 
 def test_sharded_steps_equal_single_device_steps(tiny_checkpoint, reference, mesh):

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import runpy
+import sys
+from pathlib import Path
 
 import pytest
 
 from ranger_jax.data import shards
-from ranger_jax.rl import sim_tiny, tiny_policy
+from ranger_jax.rl import diagnostics, sim_tiny, tiny_policy
 from ranger_jax.rollout import trained_env
 
+REPO = Path(__file__).resolve().parents[2]
 MICRO = sim_tiny.SimTinyConfig(
-    sft_worlds=1, tasks_per_world=4, grpo_tasks=4, eval_tasks=4, sft_steps=2, sft_batch=4, grpo_steps=2, copy_warmup_steps=2,
-    first_turn_steps=2, copy_rehearsal=True, branch_turns=(0, 1),
+    sft_worlds=1, tasks_per_world=4, grpo_tasks=4, eval_tasks=4, sft_steps=2, sft_batch=4, grpo_steps=2,
+    copy_warmup_steps=2,    first_turn_steps=2, copy_rehearsal=True, branch_turns=(0, 1),
     grpo_tasks_per_step=1, group_size=2, max_new_tokens=24, progress=False, teacher_min_reward=0.0,
     size=tiny_policy.TinyPolicySize(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                     num_attention_heads=2, num_key_value_heads=1, head_dim=16, vocab_size=512,
@@ -139,3 +143,30 @@ def test_blind_micro_run_survives_rounds_with_nothing_to_train(tmp_path):
     grpo = summary["grpo"]
     assert grpo["num_steps"] == 2 and grpo["final_version"] + grpo["skipped_rounds"] == 2
     assert summary["blind"] is True and 0.0 <= summary["grpo_reward"] <= 1.0
+
+
+def test_gradient_agreement_of_the_sft_policy_on_the_grpo_groups(run, tmp_path, monkeypatch, capsys):
+    out, summary = run
+    result = diagnostics.measure_policy(str(out / "sft_policy"), str(out / "grpo_shards"), batch_size=1,
+                                        max_batches=6)
+    assert result.num_batches == 6 and result.batch_rows == 1
+    rewards = {t.group_id: set() for path in shards.list_shards(out / "grpo_shards") for t in shards.read_shard(path)}
+    for t in (t for path in shards.list_shards(out / "grpo_shards") for t in shards.read_shard(path)):
+        rewards[t.group_id].add(round(t.reward, 6))
+    if all(len(r) == 1 for r in rewards.values()):  # no group with reward variance: no advantage, no gradient
+        assert result.mean_gradient_norm == 0 and result.noise_norm_sq == 0
+    else:
+        assert result.mean_gradient_norm > 0
+    assert -1 <= result.half_cosine <= 1 and -1 <= result.mean_pairwise_cosine <= 1
+    report = tmp_path / "agreement.json"
+    monkeypatch.setattr(sys, "argv", ["gradient_agreement.py", "--policy", str(out / "sft_policy"), "--shards",
+                                      str(out / "grpo_shards"), "--batch-size", "1", "--max-batches", "6",
+                                      "--json", str(report)])
+    runpy.run_path(str(REPO / "evals" / "gradient_agreement.py"), run_name="__main__")
+    written = json.loads(report.read_text())
+    assert written["half_cosine"] == pytest.approx(result.half_cosine, abs=1e-6)
+    assert "noise_scale" in capsys.readouterr().out
+    monkeypatch.setattr(sys, "argv", ["gradient_agreement.py", "--policy", str(out / "sft_policy"), "--shards",
+                                      str(tmp_path / "none")])
+    with pytest.raises(SystemExit, match="gradient_agreement: "):
+        runpy.run_path(str(REPO / "evals" / "gradient_agreement.py"), run_name="__main__")
