@@ -232,7 +232,8 @@ def record_teacher(config: SimTinyConfig, worlds: list[Path], tokenizer: Any, ou
                 groups = runner.run(tool_env, scripted, world.load_tasks(folder), renderer=renderer,
                                     config=rollout_config(config),
                                     scorer=scoring.make_scorer(tool_env, generate_images=False))
-            for trajectory in (t for g in groups for t in g.trajectories):
+            # in task order, not completion order: the same seed writes the same shards (the SFT data order)
+            for trajectory in (t for g in sorted(groups, key=lambda g: g.group_id) for t in g.trajectories):
                 rewards.append(trajectory.reward)
                 if trajectory.reward >= config.teacher_min_reward:
                     writer.write(trajectory)
