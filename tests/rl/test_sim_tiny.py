@@ -107,8 +107,11 @@ def test_teacher_rejection_keeps_only_good_episodes(run, tmp_path):
     from ranger_jax.processing import tokenizer as tokenizer_lib
 
     out, _ = run
-    everything = sorted(t.reward for p in shards.list_shards(out / "sft_data") for t in shards.read_shard(p))
+    recorded = [t for p in shards.list_shards(out / "sft_data") for t in shards.read_shard(p)]
+    everything = sorted(t.reward for t in recorded)
     assert len(everything) == 4  # MICRO keeps every teacher episode
+    # written in task order, whichever episode finished first: a seed repeats its SFT data
+    assert [t.group_id for t in recorded] == sorted(t.group_id for t in recorded)
     worlds = sim_tiny.build_worlds(MICRO, out / "worlds")
     tokenizer = tokenizer_lib.load_tokenizer(out / "tokenizer")
     if everything[0] == everything[-1]:
