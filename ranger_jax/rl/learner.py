@@ -176,6 +176,8 @@ class Learner:
             self.checkpoints = checkpoint_lib.CheckpointManager(checkpoint_dir, max_to_keep=max_to_keep,
                                                                 async_save=async_save)
         self._shapes: set[tuple] = set()
+        # the GRPO objective's log-probabilities are of logits / temperature; SFT's are the model's own
+        self._temperature = config.temperature if config.objective == "grpo" else 1.0
 
     def _mesh_context(self):
         return jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext()
@@ -215,7 +217,8 @@ class Learner:
             log.info("learner: compiling the train step for batch shapes %s", dict(shapes))
         with self._mesh_context():
             if self._ref_params is not None:
-                arrays["ref_logp"] = _jit_logprobs(self.state.graphdef, self._ref_params, arrays)
+                arrays["ref_logp"] = _jit_logprobs(self.state.graphdef, self._ref_params, arrays,
+                                                   self._temperature)
             self.state, metrics = train_step_lib.jit_train_step(self.state, arrays)
         return {k: float(v) for k, v in jax.device_get(metrics).items()}
 
@@ -230,7 +233,8 @@ class Learner:
         arrays = self._place_batch(batch)
         with self._mesh_context():
             if self._ref_params is not None:
-                arrays["ref_logp"] = _jit_logprobs(self.state.graphdef, self._ref_params, arrays)
+                arrays["ref_logp"] = _jit_logprobs(self.state.graphdef, self._ref_params, arrays,
+                                                   self._temperature)
             _, gradient = train_step_lib.jit_batch_gradient(self.state, arrays)
         if not gradient.is_fully_addressable:  # several processes: every one gets the whole vector
             from jax.experimental import multihost_utils
@@ -238,8 +242,8 @@ class Learner:
         return np.asarray(jax.device_get(gradient), np.float32)
 
     def logprobs(self, batch: Mapping[str, Any]) -> np.ndarray:
-        """[B, T] float32 log-probabilities of the batch's tokens under the current parameters (0 at position 0); with
-        several processes, of this process's rows."""
+        """[B, T] float32 log-probabilities of the batch's tokens under the current parameters (0 at position 0), of
+        logits / `config.temperature` for a GRPO learner; with several processes, of this process's rows."""
         ids = np.asarray(batch["input_ids"])
         model_lib.check_inputs(self.model_config, ids, batch["attention_mask"], batch.get("pixel_values"),
                                batch.get("image_grid_thw"))
@@ -247,7 +251,7 @@ class Learner:
         keys = ("input_ids", "attention_mask", "pixel_values", "image_grid_thw")
         arrays = self._place_batch({k: batch[k] for k in keys if batch.get(k) is not None})
         with self._mesh_context():
-            logp = _jit_logprobs(self.state.graphdef, self.state.params, arrays)
+            logp = _jit_logprobs(self.state.graphdef, self.state.params, arrays, self._temperature)
         if self.mesh is None:
             return np.asarray(jax.device_get(logp))
         # this process's rows, at its own length (other processes may have made the global batch longer)
@@ -309,11 +313,12 @@ class Learner:
             self.checkpoints.close()
 
 
-def _logprobs(graphdef: nnx.GraphDef, params: nnx.State, batch: Mapping[str, jax.Array]) -> jax.Array:
+def _logprobs(graphdef: nnx.GraphDef, params: nnx.State, batch: Mapping[str, jax.Array],
+              temperature: float) -> jax.Array:
     model = nnx.merge(graphdef, params)
     return loss_lib.sequence_logprobs(model, batch["input_ids"], attention_mask=batch["attention_mask"],
                                       pixel_values=batch.get("pixel_values"),
-                                      image_grid_thw=batch.get("image_grid_thw"))
+                                      image_grid_thw=batch.get("image_grid_thw"), temperature=temperature)
 
 
-_jit_logprobs = jax.jit(_logprobs, static_argnums=0)
+_jit_logprobs = jax.jit(_logprobs, static_argnums=(0, 3))

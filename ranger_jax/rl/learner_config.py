@@ -53,6 +53,9 @@ class LearnerConfig:
     agg: str = "seq-mean-token-sum"  # loss aggregation over tokens and sequences, a key of grpo.AGGREGATIONS
     kl_coef: float = 0.0  # β of the KL penalty to the reference model; 0 = no reference forward pass
     tis_cap: float | None = None  # truncated importance sampling cap on π_learner / π_sampler; None = off
+    # log-probabilities of logits / temperature: the distribution the actors sample from (verl's actor temperature).
+    # Set it to the rollout temperature, or ratios and TIS weights compare two different distributions.
+    temperature: float = 1.0
 
     def __post_init__(self):
         _choice("objective", self.objective, OBJECTIVES)
@@ -86,6 +89,8 @@ class LearnerConfig:
             raise ValueError(f"LearnerConfig.clip_dual must be > 1 or None, got {self.clip_dual}")
         if not self.kl_coef >= 0:
             raise ValueError(f"LearnerConfig.kl_coef must be >= 0, got {self.kl_coef}")
+        if not self.temperature > 0:
+            raise ValueError(f"LearnerConfig.temperature must be > 0, got {self.temperature}")
         if self.tis_cap is not None and not self.tis_cap > 0:
             raise ValueError(f"LearnerConfig.tis_cap must be > 0 or None, got {self.tis_cap}")
         if self.tis_cap is not None and self.old_logp == "sampler":

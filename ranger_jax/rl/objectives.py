@@ -55,11 +55,13 @@ def _predictor_rows(model: model_lib.Qwen3VL, hidden: jax.Array) -> jax.Array:
     return hidden[:, :-1].astype(model.config.compute_dtype).reshape(-1, hidden.shape[-1])
 
 
-def token_logprobs(model: model_lib.Qwen3VL, hidden: jax.Array, batch: Mapping[str, jax.Array]) -> jax.Array:
-    """[b, T] float32 `log p(input_ids[:, t] | input_ids[:, :t])`, 0 at t = 0 and wherever t or t − 1 is a pad
-    (`sequence_logprobs` from given hidden states)."""
+def token_logprobs(model: model_lib.Qwen3VL, hidden: jax.Array, batch: Mapping[str, jax.Array], *,
+                   temperature: float = 1.0) -> jax.Array:
+    """[b, T] float32 `log p(input_ids[:, t] | input_ids[:, :t])` of logits / temperature, 0 at t = 0 and wherever t
+    or t − 1 is a pad (`sequence_logprobs` from given hidden states)."""
     ids = batch["input_ids"]
-    logp = loss_lib.token_logprobs(_predictor_rows(model, hidden), model.head_weight(), ids[:, 1:].reshape(-1))
+    rows = loss_lib.tempered(_predictor_rows(model, hidden), temperature)
+    logp = loss_lib.token_logprobs(rows, model.head_weight(), ids[:, 1:].reshape(-1))
     attended = batch["attention_mask"].astype(bool)
     logp = jnp.where(attended[:, 1:] & attended[:, :-1], logp.reshape(ids.shape[0], -1), 0.0)
     return jnp.pad(logp, ((0, 0), (1, 0)))
@@ -94,7 +96,7 @@ def grpo_loss(model: model_lib.Qwen3VL, hidden: jax.Array, batch: Mapping[str, j
         extremes as given, -inf / inf for a microbatch without trained tokens).
     """
     trained = trained_positions(batch)
-    logp = token_logprobs(model, hidden, batch)
+    logp = token_logprobs(model, hidden, batch, temperature=config.temperature)
     old_logp = batch["sampler_logp"] if config.old_logp == "sampler" else jax.lax.stop_gradient(logp)
     loss, metrics = grpo.policy_loss(logp, old_logp, batch["advantages"], trained, clip_low=config.clip_low,
                                      clip_high=config.clip_high, clip_dual=config.clip_dual, agg=config.agg,

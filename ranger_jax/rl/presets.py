@@ -25,7 +25,7 @@ from ranger_jax.rl import learner_config
 GEN_SEARCHER_GRPO = learner_config.LearnerConfig(
     objective="grpo", learning_rate=1e-6, schedule="constant", weight_decay=0.01, max_grad_norm=1.0,
     clip_low=0.2, clip_high=0.28, clip_dual=3.0, agg="seq-mean-token-sum", old_logp="learner", tis_cap=2.0,
-    dtype="bfloat16", remat="full", freeze_vision=True)
+    dtype="bfloat16", remat="full", freeze_vision=True, temperature=0.7)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -48,6 +48,11 @@ class ScalePreset:
     max_pixels: int = 160_000
     actors: int = 2  # rollout actor processes (JAX sampler on their own devices, or SGLang clients)
     max_staleness: int = 2
+
+    def __post_init__(self):
+        if self.learner.temperature != self.temperature:
+            raise ValueError(f"preset {self.name!r}: the learner's temperature ({self.learner.temperature}) must be "
+                             f"the rollout temperature ({self.temperature}), or its ratios compare two distributions")
 
 
 PRESETS: dict[str, ScalePreset] = {

@@ -314,7 +314,8 @@ def grpo_learner(config: SimTinyConfig, model: Any) -> learner_lib.Learner:
     """The GRPO learner: constant learning rate, π_old = the learner before the update, TIS for stale samples."""
     settings = learner_config.LearnerConfig(objective="grpo", learning_rate=config.grpo_learning_rate,
                                             schedule="constant", max_grad_norm=1.0, old_logp="learner",
-                                            agg="seq-mean-token-mean", clip_low=0.2, clip_high=0.28, tis_cap=2.0)
+                                            agg="seq-mean-token-mean", clip_low=0.2, clip_high=0.28, tis_cap=2.0,
+                                            temperature=config.temperature)
     return learner_lib.Learner(model, settings)
 
 

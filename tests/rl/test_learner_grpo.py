@@ -99,3 +99,30 @@ def test_advantages_move_logprobs_their_way_with_kl_to_the_initial_policy(tiny_c
     assert np.all(change[:4] > 0) and np.all(change[4:] < 0), change
     second = learner.step(batch)
     assert second["kl"] > 0.0
+
+
+def test_logprobs_follow_the_rollout_temperature(tiny_checkpoint, sampled_batch):
+    import jax
+    import jax.numpy as jnp
+
+    batch, logp = sampled_batch
+    model = load(tiny_checkpoint)
+    logits = np.asarray(model(jnp.asarray(batch["input_ids"]), attention_mask=jnp.asarray(batch["attention_mask"])))
+    ids, attended = batch["input_ids"], batch["attention_mask"].astype(bool)
+    live = attended[:, 1:] & attended[:, :-1]
+    for temperature in (1.0, 0.7):
+        picked = np.take_along_axis(np.asarray(jax.nn.log_softmax(logits[:, :-1] / temperature, axis=-1)),
+                                    ids[:, 1:, None], axis=-1)[..., 0]
+        expected = np.pad(np.where(live, picked, 0.0), ((0, 0), (1, 0)))
+        learner = Learner(model, dataclasses.replace(GRPO, temperature=temperature))
+        np.testing.assert_allclose(learner.logprobs(batch), expected, atol=2e-5)
+    # samples drawn at 0.7 with their log-probs: a learner at 0.7 sees ratio 1, one at 1.0 another distribution
+    tempered = dataclasses.replace(GRPO, temperature=0.7)
+    at_rollout = {**batch, "sampler_logp": Learner(model, tempered).logprobs(batch)}
+    same = Learner(load(tiny_checkpoint), tempered).step(at_rollout)
+    assert same["ratio_max"] == pytest.approx(1.0, abs=1e-4) and same["ratio_min"] == pytest.approx(1.0, abs=1e-4)
+    other = Learner(load(tiny_checkpoint), GRPO).step(at_rollout)
+    assert abs(other["ratio_max"] - 1.0) > 0.05 or abs(other["ratio_min"] - 1.0) > 0.05
+    assert Learner(model, dataclasses.replace(tempered, objective="sft")).logprobs(batch) == pytest.approx(logp)
+    with pytest.raises(ValueError, match="temperature must be > 0, got 0.0"):
+        dataclasses.replace(GRPO, temperature=0.0)

@@ -65,6 +65,11 @@ def test_a_ready_configuration_has_no_problems(tmp_path, monkeypatch):
                                                shards_dir=tmp_path / "s", metrics_dir=tmp_path / "m")
     assert len(commands) == preset.actors and set(metrics) == {"actor0", "actor1"}
     assert "--weights-dir" in commands[0] and "--tasks-per-round" in commands[0]
+    # the learner's log-probabilities are of the distribution the actors sample
+    flag = commands[0].index("--temperature")
+    assert preset.learner.temperature == preset.temperature == float(commands[0][flag + 1])
+    with pytest.raises(ValueError, match=r"learner's temperature \(0.7\) must be the rollout temperature \(1.0\)"):
+        dataclasses.replace(preset, temperature=1.0)
 
 
 def test_recipe_dry_run(capsys, monkeypatch):

@@ -257,9 +257,20 @@ def token_logprobs(hidden: jax.Array, weight: jax.Array, targets: jax.Array, *,
     return _logprobs(hidden, weight, targets.astype(jnp.int32), chunk)
 
 
+def tempered(rows: jax.Array, temperature: float) -> jax.Array:
+    """Head input rows whose logits are the original logits / temperature ((h / T) W = (h W) / T); unchanged at 1.
+
+    Raises:
+        ValueError: a temperature that is not > 0.
+    """
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0; got {temperature}")
+    return rows if temperature == 1.0 else rows / jnp.asarray(temperature, rows.dtype)
+
+
 def sequence_logprobs(model, input_ids: jax.Array, *, attention_mask: jax.Array | None = None,
                       pixel_values: jax.Array | None = None, image_grid_thw: jax.Array | None = None,
-                      chunk: int | None = None) -> jax.Array:
+                      chunk: int | None = None, temperature: float = 1.0) -> jax.Array:
     """Token-aligned log-probabilities of a padded batch under a `Qwen3VL`, through the fused chunked head.
 
     `logp[b, t] = log p(input_ids[b, t] | input_ids[b, :t])`. Positions without an attended predictor give 0:
@@ -272,6 +283,8 @@ def sequence_logprobs(model, input_ids: jax.Array, *, attention_mask: jax.Array 
         pixel_values: [P, I] patch rows of the batch's images, or None.
         image_grid_thw: [num_images, 3], or None.
         chunk: rows per chunk of `token_logprobs` (None: sized by the vocabulary).
+        temperature: log-probabilities of logits / temperature (the distribution a sampler at that temperature
+            draws from; top-p/top-k truncation is not applied).
 
     Returns:
         [B, T] float32, differentiable in the model's parameters.
@@ -280,6 +293,7 @@ def sequence_logprobs(model, input_ids: jax.Array, *, attention_mask: jax.Array 
     batch, length = input_ids.shape
     hidden = model.hidden_states(input_ids, attention_mask, pixel_values, image_grid_thw)
     rows = hidden[:, :-1].astype(model.config.compute_dtype).reshape(-1, hidden.shape[-1])  # [B*(T-1), D]
+    rows = tempered(rows, temperature)
     logp = token_logprobs(rows, model.head_weight(), input_ids[:, 1:].reshape(-1), chunk=chunk)
     logp = logp.reshape(batch, length - 1)
     if attention_mask is not None:
