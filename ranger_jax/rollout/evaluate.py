@@ -32,7 +32,7 @@ from ranger_jax.rollout import episode as episode_lib
 from ranger_jax.rollout import policy as policy_lib
 from ranger_jax.rollout import runner, sampler_policy, trained_env
 
-GREEDY = policy_lib.SamplingParams(temperature=0.0, top_p=1.0, top_k=-1)
+GREEDY = episode_lib.GREEDY  # temperature 0, top-p 1, top-k off
 DEFAULT_CONCURRENCY = 8
 
 
