@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import abc
 from typing import Any
 
 import numpy as np
 
 
-class SeededBatchStream:
+class SeededBatchStream(abc.ABC):
     """Batch i depends only on (seed, i): subclasses build it in `batch(rng, index)` from the generator given."""
 
     def __init__(self, seed: int = 0):
@@ -30,6 +31,6 @@ class SeededBatchStream:
         self.index += 1
         return self.batch(np.random.default_rng([self.seed, index]), index)
 
+    @abc.abstractmethod
     def batch(self, rng: np.random.Generator, index: int) -> dict[str, Any]:
         """Batch `index`, drawn from `rng` (seeded by (seed, index))."""
-        raise NotImplementedError

@@ -200,6 +200,15 @@ class Learner:
         # this process's rows; with several processes the global batch is every process's rows (host_data)
         return host_data.global_batch(arrays, images, self.mesh, train_step_lib.BATCH_AXES, image_features=features)
 
+    def _train_arrays(self, batch: Mapping[str, Any]) -> dict[str, jax.Array]:
+        """The checked, placed batch of a train step, with the reference log-probs its KL term reads."""
+        check_batch(batch, self.config, self.model_config, self.mesh)
+        arrays = self._place_batch(batch)
+        if self._ref_params is not None:
+            with self._mesh_context():
+                arrays["ref_logp"] = _jit_logprobs(self.state.graphdef, self._ref_params, arrays, self._temperature)
+        return arrays
+
     def step(self, batch: Mapping[str, Any]) -> dict[str, float]:
         """One optimizer update from `batch` (host arrays, the learner batch contract).
 
@@ -209,16 +218,12 @@ class Learner:
         Raises:
             ValueError: from `check_batch`.
         """
-        check_batch(batch, self.config, self.model_config, self.mesh)
-        arrays = self._place_batch(batch)
+        arrays = self._train_arrays(batch)
         shapes = tuple(sorted((k, v.shape) for k, v in arrays.items()))
         if shapes not in self._shapes:
             self._shapes.add(shapes)
             log.info("learner: compiling the train step for batch shapes %s", dict(shapes))
         with self._mesh_context():
-            if self._ref_params is not None:
-                arrays["ref_logp"] = _jit_logprobs(self.state.graphdef, self._ref_params, arrays,
-                                                   self._temperature)
             self.state, metrics = train_step_lib.jit_train_step(self.state, arrays)
         return {k: float(v) for k, v in jax.device_get(metrics).items()}
 
@@ -229,13 +234,9 @@ class Learner:
         Raises:
             ValueError: from `check_batch`.
         """
-        check_batch(batch, self.config, self.model_config, self.mesh)
-        arrays = self._place_batch(batch)
+        arrays = self._train_arrays(batch)
         with self._mesh_context():
-            if self._ref_params is not None:
-                arrays["ref_logp"] = _jit_logprobs(self.state.graphdef, self._ref_params, arrays,
-                                                   self._temperature)
-            _, gradient = train_step_lib.jit_batch_gradient(self.state, arrays)
+            gradient = train_step_lib.jit_batch_gradient(self.state, arrays)
         if not gradient.is_fully_addressable:  # several processes: every one gets the whole vector
             from jax.experimental import multihost_utils
             gradient = multihost_utils.process_allgather(gradient, tiled=True)

@@ -124,11 +124,7 @@ class SimTinyConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"SimTinyConfig.{name} must be an int >= 0; got {value!r}")
-        turns = tuple(self.branch_turns)
-        if not turns or any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in turns):
-            raise ValueError(f"SimTinyConfig.branch_turns must be a non-empty tuple of ints >= 0; got "
-                             f"{self.branch_turns!r}")
-        object.__setattr__(self, "branch_turns", turns)
+        object.__setattr__(self, "branch_turns", runner.checked_branch_turns(self.branch_turns, "SimTinyConfig"))
         if self.grpo_steps < 0:
             raise ValueError(f"SimTinyConfig.grpo_steps must be >= 0; got {self.grpo_steps}")
         if self.group_size < 2 and self.grpo_steps:

@@ -244,13 +244,12 @@ def train_step(state: TrainState, batch: Mapping[str, jax.Array]) -> tuple[Train
 jit_train_step = jax.jit(train_step, donate_argnums=0)
 
 
-def batch_gradient(state: TrainState, batch: Mapping[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
-    """(loss, gradient) of `batch` at the current parameters, nothing updated: the gradient of the trained parameters
-    as one float32 vector (leaves in tree order, before clipping), as `train_step` would apply it."""
-    config = state.config
-    trained, frozen = split_trainable(state.params, config)
-    loss, _, _, grads = _gradients(state, trained, frozen, batch, state.model().config.sharding_rules)
-    return loss.astype(jnp.float32), jnp.concatenate([g.reshape(-1) for g in jax.tree.leaves(grads)])
+def batch_gradient(state: TrainState, batch: Mapping[str, jax.Array]) -> jax.Array:
+    """The gradient of `batch` at the current parameters, nothing updated: the trained parameters' gradient as one
+    float32 vector (leaves in tree order, before clipping), as `train_step` would apply it."""
+    trained, frozen = split_trainable(state.params, state.config)
+    _, _, _, grads = _gradients(state, trained, frozen, batch, state.model().config.sharding_rules)
+    return jnp.concatenate([g.reshape(-1) for g in jax.tree.leaves(grads)])
 
 
 jit_batch_gradient = jax.jit(batch_gradient)

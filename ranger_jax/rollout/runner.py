@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import AsyncIterator, Iterable
+from typing import Any
+
 import numpy as np
 
 from ranger_jax.data import trajectory
@@ -50,11 +52,7 @@ class RolloutConfig:
             raise ValueError(f"RolloutConfig.seed must be an int >= 0; got {self.seed!r}")
         if not self.run_id or "/" in self.run_id:
             raise ValueError(f"RolloutConfig.run_id must be non-empty without '/'; got {self.run_id!r}")
-        turns = tuple(self.branch_turns)
-        if not turns or any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in turns):
-            raise ValueError(f"RolloutConfig.branch_turns must be a non-empty tuple of ints >= 0; got "
-                             f"{self.branch_turns!r}")
-        object.__setattr__(self, "branch_turns", turns)
+        object.__setattr__(self, "branch_turns", checked_branch_turns(self.branch_turns, "RolloutConfig"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +73,18 @@ def episode_seed(seed: int, group_index: int, sample_index: int) -> int:
     """A 63-bit seed for one episode from the run seed and its place in the run."""
     state = np.random.SeedSequence([seed & 0xFFFFFFFF, seed >> 32, group_index, sample_index]).generate_state(2)
     return int((int(state[0]) << 31) ^ int(state[1]))
+
+
+def checked_branch_turns(value: Any, owner: str) -> tuple[int, ...]:
+    """`value` as a tuple of branching turns (ints >= 0, at least one).
+
+    Raises:
+        ValueError: anything else, naming `owner`'s field.
+    """
+    turns = tuple(value)
+    if not turns or any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in turns):
+        raise ValueError(f"{owner}.branch_turns must be a non-empty tuple of ints >= 0; got {value!r}")
+    return turns
 
 
 def branch_turn(config: RolloutConfig, group_index: int) -> int:
