@@ -213,11 +213,12 @@ def run(learner: learner_lib.Learner, *, shards_dir: str | os.PathLike, weights_
         spec: batching.BatchSpec, config: GrpoLoopConfig, vision: sequence.VisionSettings = sequence.VisionSettings(),
         filter_config: filters.FilterConfig = filters.FilterConfig(), tokenizer_dir: str | os.PathLike | None = None,
         actor_commands: Sequence[Sequence[str]] = (), actor_metrics: dict[str, str | os.PathLike] | None = None,
-        metrics: metrics_lib.MetricsWriter | None = None, progress: bool = True,
-        after_publish: Callable[[int, Any], Any] | None = None) -> GrpoResult:
+        actor_env: dict[str, str] | None = None, metrics: metrics_lib.MetricsWriter | None = None,
+        progress: bool = True, after_publish: Callable[[int, Any], Any] | None = None) -> GrpoResult:
     """Trains `learner` (objective "grpo") for `config.num_steps` rounds of actor data (see the module docstring).
 
-    `actor_metrics` maps each actor's shard prefix to its `--metrics` file (how complete rounds are recognised).
+    `actor_metrics` maps each actor's shard prefix to its `--metrics` file (how complete rounds are recognised);
+    `actor_env` adds environment variables to the actor processes (e.g. `compilation_cache.enable`'s).
     `after_publish(version, folder)` runs after each published version, e.g. `SGLangWeightSync.update`, which makes
     SGLang policy servers load it.
 
@@ -237,7 +238,7 @@ def run(learner: learner_lib.Learner, *, shards_dir: str | os.PathLike, weights_
         after_publish(version, published)
     log_dir = weights_dir.parent / "actor_logs"
     lead = jax.process_index() == 0  # with several learner processes, process 0 runs the actors and picks rounds
-    procs = start_actors(actor_commands, log_dir) if lead else []
+    procs = start_actors(actor_commands, log_dir, actor_env) if lead else []
     reader = RoundReader(shards_dir, actor_metrics)
     stats = filters.FilterStats()
     staleness: collections.Counter[int] = collections.Counter()

@@ -55,6 +55,7 @@ def test_outputs_exist(run):
         assert (out / "policy" / name).is_file()
     recorded = trained_env.read(out / "policy")
     assert recorded.env["tools"] == list(sim_tiny.TOOLS) and recorded.episode["max_new_tokens"] == 24
+    assert any((out / "jax_cache").iterdir())  # the actor process compiled into the run's compilation cache
 
 
 def test_grpo_ran_decoupled_with_versions_and_staleness(run):
