@@ -11,7 +11,7 @@ import pytest
 from ranger_jax import compilation_cache
 
 CHILD = """
-import json, time
+import json
 import jax, jax.numpy as jnp
 from jax._src import monitoring
 hits = []

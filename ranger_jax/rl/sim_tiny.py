@@ -395,7 +395,7 @@ def run_grpo(config: SimTinyConfig, model: Any, tokenizer_dir: Path, env_file: P
                             shards_dir=shards_dir, metrics_path=actor_metrics)
     result = grpo_loop.run(
         learner, shards_dir=shards_dir, weights_dir=weights_dir,
-        spec=batch_spec(tokenizer, config.grpo_tasks_per_step * config.group_size),
+        spec=batch_spec(tokenizer, actor_rows(config)),
         config=grpo_loop.GrpoLoopConfig(num_steps=config.grpo_steps, max_staleness=config.max_staleness),
         vision=tiny_policy.VISION, tokenizer_dir=tokenizer_dir, actor_commands=[command],
         actor_metrics={"actor0": actor_metrics}, actor_env=actor_env, metrics=metrics, progress=config.progress)
