@@ -76,6 +76,24 @@ class PreparedImage:
     num_tokens: int
 
 
+def processor_size(height: int, width: int, settings: VisionSettings) -> tuple[int, int]:
+    """The (height, width) an image is resized to: the processor's size of it, and of that size again.
+
+    `smart_resize` is not idempotent for thin images: the short side is clamped at one factor, so a 300x40 crop
+    becomes 192x32 (6144 pixels, over a 4096 budget), which the processor would shrink again to 128x32 when it
+    receives the recorded PNG. Following it to its fixed point makes the recorded image one the processor keeps.
+    """
+    size = (height, width)
+    for _ in range(8):
+        target = image_lib.smart_resize(*size, factor=settings.factor, min_pixels=settings.min_pixels,
+                                        max_pixels=settings.max_pixels)
+        if target == size:
+            return size
+        size = target
+    raise ValueError(f"the processor's resize of {width}x{height} does not settle (min_pixels={settings.min_pixels}, "
+                     f"max_pixels={settings.max_pixels})")
+
+
 def prepare_image(image: Image.Image, settings: VisionSettings, *, img_id: str | None = None,
                   parent_id: str | None = None) -> PreparedImage:
     """Resizes an observation image to the processor's grid once and patches it (see the module docstring).
@@ -85,8 +103,7 @@ def prepare_image(image: Image.Image, settings: VisionSettings, *, img_id: str |
     """
     rgb = media.to_rgb(image)
     try:
-        height, width = image_lib.smart_resize(rgb.height, rgb.width, factor=settings.factor,
-                                               min_pixels=settings.min_pixels, max_pixels=settings.max_pixels)
+        height, width = processor_size(rgb.height, rgb.width, settings)
     except ValueError as err:
         raise ValueError(f"image {img_id or '(no id)'} of size {rgb.width}x{rgb.height}: {err}") from err
     resized = rgb if rgb.size == (width, height) else rgb.resize((width, height), Image.Resampling.BICUBIC)

@@ -36,6 +36,20 @@ def test_recorded_png_gives_the_policys_pixels(size):
     assert (prepared.img_id, prepared.parent_id) == ("IMG_004", "IMG_001")
 
 
+@pytest.mark.parametrize("size", [(300, 40), (40, 300), (192, 32), (500, 33), (1000, 70), (45, 45)])
+def test_a_thin_image_is_recorded_at_a_size_the_processor_keeps(size):
+    # smart_resize clamps a short side at 32 pixels, so its result can be over max_pixels and shrink again
+    tight = sequence.VisionSettings(min_pixels=1024, max_pixels=4096)
+    prepared = sequence.prepare_image(noisy(size), tight, img_id="IMG_006")
+    reread = Image.open(io.BytesIO(prepared.png))
+    again, grid = preprocess_image(reread, min_pixels=1024, max_pixels=4096)
+    np.testing.assert_array_equal(again, prepared.pixel_values)
+    np.testing.assert_array_equal(grid, prepared.grid_thw)
+    width, height = prepared.image.size
+    assert sequence.processor_size(height, width, tight) == (height, width) and width * height <= 4096
+    assert prepared.num_tokens == image_token_count(grid) <= 4
+
+
 def test_transparency_is_flattened_once():
     rgba = noisy((120, 80), "RGBA", seed=2)
     prepared = sequence.prepare_image(rgba, SETTINGS)
