@@ -112,6 +112,8 @@ class SimTinyConfig:
     # turns each GRPO group may branch at (runner.RolloutConfig.branch_turns); (0,): whole episodes sampled. Measured
     # (docs/sim_tiny.md): branching at turns 1-3 did not make the policy gradient of 320 episodes any more consistent
     branch_turns: tuple[int, ...] = (0,)
+    # turns sampled from the branching turn on (runner.RolloutConfig.sample_turns; None: all to the end)
+    sample_turns: int | None = None
     max_staleness: int = 2
     # control
     blind: bool = False
@@ -132,6 +134,7 @@ class SimTinyConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"SimTinyConfig.{name} must be an int >= 0; got {value!r}")
         object.__setattr__(self, "branch_turns", runner.checked_branch_turns(self.branch_turns, "SimTinyConfig"))
+        runner.check_sample_turns(self.sample_turns, "SimTinyConfig")
         if self.grpo_steps < 0:
             raise ValueError(f"SimTinyConfig.grpo_steps must be >= 0; got {self.grpo_steps}")
         if self.group_size < 2 and self.grpo_steps:
@@ -290,6 +293,8 @@ def actor_command(config: SimTinyConfig, *, env_file: Path, grpo_world: Path, we
                "--min-pixels", str(vision.min_pixels), "--max-pixels", str(vision.max_pixels),
                "--seed", str(config.seed), "--run-id", "grpo", "--metrics", str(metrics_path), "--no-images",
                "--branch-turns", ",".join(str(t) for t in config.branch_turns), "--quiet"]
+    if config.sample_turns is not None:
+        command += ["--sample-turns", str(config.sample_turns)]
     if config.blind:
         command.append("--blank-observations")
     return command

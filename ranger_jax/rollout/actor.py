@@ -272,6 +272,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--branch-turns", default="0",
                    help="comma-separated turns; each group draws one, plays the turns before it greedily (shared, "
                         "untrained) and samples from it on (default 0: whole episodes sampled)")
+    p.add_argument("--sample-turns", type=int, default=None,
+                   help="turns sampled from the branching turn on; later turns are greedy, untrained context "
+                        "(default: all)")
     p.add_argument("--concurrency", type=int, default=8, help="episodes in flight")
     p.add_argument("--seed", type=int, default=0, help="base seed of the episodes' sampling seeds (an SGLang server "
                                                        "honours them only when launched with "
@@ -336,7 +339,7 @@ def main(argv: Sequence[str] | None = None) -> ActorSummary | decoupled.RoundsSu
         parser.error(f"--branch-turns must be comma-separated ints; got {args.branch_turns!r}")
     config = runner.RolloutConfig(
         group_size=args.group_size, concurrency=args.concurrency, seed=args.seed, run_id=args.run_id,
-        branch_turns=branch_turns,
+        branch_turns=branch_turns, sample_turns=args.sample_turns,
         episode=episode_lib.EpisodeConfig(
             max_new_tokens=args.max_new_tokens, max_context_tokens=args.max_context_tokens, vision=vision,
             sampling=policy_lib.SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k),

@@ -106,7 +106,9 @@ class EpisodeSpec:
 
     `sample_from_turn` is the first turn sampled with the episode's sampling settings: the turns before it are
     greedy and recorded as context (loss mask 0), so the samples of a group share them and differ only from that
-    turn on (`runner.RolloutConfig.branch_turns`).
+    turn on (`runner.RolloutConfig.branch_turns`). `sample_turns` (None: every later turn) is how many turns from
+    there are sampled; the turns after them are greedy context again, so a group's rewards compare the sampled
+    turns' choices alone.
     """
 
     task: core.Task
@@ -114,6 +116,13 @@ class EpisodeSpec:
     sample_index: int
     seed: int
     sample_from_turn: int = 0
+    sample_turns: int | None = None
+
+    def samples_turn(self, turn: int) -> bool:
+        """Whether `turn` is sampled with the episode's settings (else greedy, untrained context)."""
+        if turn < self.sample_from_turn:
+            return False
+        return self.sample_turns is None or turn < self.sample_from_turn + self.sample_turns
 
     @property
     def rid(self) -> str:
@@ -206,7 +215,7 @@ async def _loop(env: tool_env.ToolEnv, policy: policy_lib.Policy, ep: _Episode, 
             ep.error = f"no room for a turn: {len(ep.seq)} tokens of {config.max_context_tokens}"
             return env.terminate(state, core.CONTEXT_EXCEEDED)
         prompt_ids = np.concatenate([ep.seq.ids, ep.generation_prompt.ids]).astype(np.int32)
-        sampled = turn >= ep.spec.sample_from_turn
+        sampled = ep.spec.samples_turn(turn)
         request = policy_lib.TurnRequest(
             rid=ep.spec.rid, turn=turn, prompt_ids=prompt_ids, new_images=new_images,
             sampling=config.sampling if sampled else GREEDY,
@@ -301,7 +310,7 @@ def _record(ep: _Episode, policy: policy_lib.Policy, state: tool_env.EnvState, s
     metadata: Mapping[str, Any] = {
         "policy": policy.name, "token_exact": policy.token_exact,
         "rl_trainable": bool(policy.token_exact and policy.has_logprobs), "seed": ep.spec.seed, "rid": ep.spec.rid,
-        "sample_from_turn": ep.spec.sample_from_turn,
+        "sample_from_turn": ep.spec.sample_from_turn, "sample_turns": ep.spec.sample_turns,
         "num_turns": state.num_turns, "num_tool_calls": state.num_tool_calls, "turns": ep.turns,
         "policy_versions": ep.versions, "weight_versions": ep.weight_versions, "error": ep.error,
         "max_context_tokens": ep.config.max_context_tokens,

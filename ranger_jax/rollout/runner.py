@@ -42,6 +42,9 @@ class RolloutConfig:
     # shared prefix, which cuts the variance of the policy gradient (tree-style rollouts, as ARPO branches after tool
     # calls).
     branch_turns: tuple[int, ...] = (0,)
+    # how many turns from the branching turn are sampled (None: all to the end); the later ones are greedy context,
+    # so a group's advantages credit only the sampled turns
+    sample_turns: int | None = None
 
     def __post_init__(self):
         for name in ("group_size", "concurrency"):
@@ -53,6 +56,7 @@ class RolloutConfig:
         if not self.run_id or "/" in self.run_id:
             raise ValueError(f"RolloutConfig.run_id must be non-empty without '/'; got {self.run_id!r}")
         object.__setattr__(self, "branch_turns", checked_branch_turns(self.branch_turns, "RolloutConfig"))
+        check_sample_turns(self.sample_turns, "RolloutConfig")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +89,12 @@ def checked_branch_turns(value: Any, owner: str) -> tuple[int, ...]:
     if not turns or any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in turns):
         raise ValueError(f"{owner}.branch_turns must be a non-empty tuple of ints >= 0; got {value!r}")
     return turns
+
+
+def check_sample_turns(value: Any, owner: str) -> None:
+    """Raises ValueError naming `owner`'s field unless `value` is None or an int >= 1."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"{owner}.sample_turns must be None or an int >= 1; got {value!r}")
 
 
 def branch_turn(config: RolloutConfig, group_index: int) -> int:
@@ -122,7 +132,8 @@ async def agroups(env: tool_env.ToolEnv, policy: policy_lib.Policy, tasks: Itera
         index, task, k = spec
         episode = episode_lib.EpisodeSpec(task=task, group_id=group_id(config.run_id, index, task), sample_index=k,
                                           seed=episode_seed(config.seed, index, k),
-                                          sample_from_turn=branch_turn(config, index))
+                                          sample_from_turn=branch_turn(config, index),
+                                          sample_turns=config.sample_turns)
         coroutine = episode_lib.run_episode(env, policy, episode, renderer=renderer, config=config.episode,
                                             scorer=scorer, cache=cache)
         running[asyncio.ensure_future(coroutine)] = (index, task)

@@ -90,6 +90,10 @@ def test_seeds_and_config_errors():
     assert min(drawn.count(t) for t in (1, 2, 3)) > 60
     assert drawn != [runner.branch_turn(runner.RolloutConfig(seed=5, branch_turns=(1, 2, 3)), g) for g in range(300)]
     assert {runner.branch_turn(runner.RolloutConfig(seed=4), g) for g in range(10)} == {0}
+    for bad in (0, -1, True, 1.5):
+        with pytest.raises(ValueError, match="sample_turns must be None or an int >= 1"):
+            runner.RolloutConfig(sample_turns=bad)
+    assert runner.RolloutConfig(sample_turns=2).sample_turns == 2
     with pytest.raises(ValueError, match="top_p must be in"):
         policy.SamplingParams(top_p=0)
     with pytest.raises(ValueError, match="top_k must be a positive int or -1"):

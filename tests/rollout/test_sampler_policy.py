@@ -2,6 +2,7 @@
 speaking SGLang's native API (which tests our SGLang wire path, not SGLang itself)."""
 
 import asyncio
+import dataclasses
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ from ranger_jax.clients import sglang
 from ranger_jax.data import viewer
 from ranger_jax.env import core
 from ranger_jax.models import qwen3_vl
-from ranger_jax.rollout import actor, policy, runner, sampler_policy, scoring, sglang_policy
+from ranger_jax.rollout import actor, episode, policy, runner, sampler_policy, scoring, sglang_policy
 
 ROWS = 2
 CAPACITY = 2048
@@ -205,3 +206,23 @@ def test_a_group_shares_its_greedy_turns_before_its_branching_turn(tiny_env, tin
     shortest = min(len(f) for f in firsts)
     assert shortest > 0 and all(np.array_equal(f[:shortest], firsts[0][:shortest]) for f in firsts)
     assert len({tuple(np.asarray(t.token_ids)) for t in group.trajectories}) > 1  # the samples differ after it
+
+
+def test_sample_turns_samples_only_that_many_turns_from_the_branch(tiny_env, tiny_sampler, tiny_renderer, tiny_config,
+                                                                    tasks, scorer):
+    pol = sampler_policy.SamplerPolicy(tiny_sampler, num_rows=3, capacity=CAPACITY)
+    config = runner.RolloutConfig(group_size=3, concurrency=3, seed=12, run_id="span", episode=tiny_config(),
+                                  branch_turns=(1,), sample_turns=1)
+    (group,) = runner.run(tiny_env, pol, tasks[:1], renderer=tiny_renderer, config=config, scorer=scorer)
+    for t in group.trajectories:
+        turns = t.metadata["turns"]
+        assert t.metadata["sample_turns"] == 1
+        assert [turn["sampled"] for turn in turns] == [i == 1 for i in range(len(turns))]
+        mask = np.asarray(t.loss_mask)
+        # only turn 1's tokens are trained; the greedy turns after it are context like the one before it
+        assert int(mask.sum()) == (turns[1]["new_tokens"] if len(turns) > 1 else 0)
+        assert not np.any(np.asarray(t.sampler_logprobs)[mask == 0])
+    spec = episode.EpisodeSpec(task=tasks[0], group_id="g", sample_index=0, seed=1, sample_from_turn=2,
+                               sample_turns=2)
+    assert [spec.samples_turn(turn) for turn in range(6)] == [False, False, True, True, False, False]
+    assert all(dataclasses.replace(spec, sample_turns=None).samples_turn(turn) for turn in range(2, 9))
