@@ -135,6 +135,19 @@ def truncate(example: dict[str, Any], max_length: int, *, image_pad_id: int, mer
     return out
 
 
+def trim_untrained_tail(example: dict[str, Any], *, image_pad_id: int, merge_size: int) -> dict[str, Any]:
+    """The example cut right after its last trained token (unchanged when it trains on nothing or ends there).
+
+    A causal model's log-probs of the trained tokens do not depend on what follows them, so the cut loses nothing
+    of the loss or its gradient; it saves the learner the context after the last sampled turn (e.g. the greedy
+    turns after a GRPO group's sampled turn) and the images in it.
+    """
+    trained = np.flatnonzero(example["loss_mask"])
+    if not len(trained):
+        return example
+    return truncate(example, int(trained[-1]) + 1, image_pad_id=image_pad_id, merge_size=merge_size)
+
+
 def _run_starts(ids: np.ndarray, tokens: np.ndarray, image_pad_id: int) -> np.ndarray:
     """First placeholder index of each image: images consume the pad tokens in order, `tokens[i]` each."""
     pads = np.flatnonzero(ids == image_pad_id)

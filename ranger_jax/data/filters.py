@@ -45,6 +45,9 @@ class FilterConfig:
     max_staleness: int | None = None  # k: versions a trajectory may lag the learner; None = no bound
     current_version: Callable[[], int] | None = None  # the learner's weights version now (picklable)
     stale: str = "drop"  # "drop" trajectories beyond max_staleness, or "flag" (keep and count) them
+    # cut each row after its last trained token (`examples.trim_untrained_tail`: the loss is unchanged), before the
+    # length rule
+    trim_untrained_tail: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "drop_terminations", frozenset(self.drop_terminations))
@@ -136,7 +139,10 @@ def zero_loss(example: dict[str, Any]) -> dict[str, Any]:
 
 def fit_length(example: dict[str, Any], config: FilterConfig, max_length: int, stats: FilterStats, *,
                image_pad_id: int, merge_size: int) -> dict[str, Any] | None:
-    """The example if it fits `max_length` tokens, else cut (`overlong="truncate"`) or None (counted dropped)."""
+    """The example (after `trim_untrained_tail` when configured) if it fits `max_length` tokens, else cut
+    (`overlong="truncate"`) or None (counted dropped)."""
+    if config.trim_untrained_tail:
+        example = examples.trim_untrained_tail(example, image_pad_id=image_pad_id, merge_size=merge_size)
     if len(example["input_ids"]) <= max_length:
         return example
     if config.overlong == "drop":

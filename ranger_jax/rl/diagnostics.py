@@ -104,11 +104,13 @@ def length_buckets(lengths: Iterable[int], headroom: int, smallest: int = 512) -
 
 
 def measure_policy(policy_dir: str, shards_location: str | Sequence[str], *, batch_size: int, seed: int = 0,
-                   max_batches: int | None = None, agg: str = "seq-mean-token-mean") -> GradientAgreement:
+                   max_batches: int | None = None, agg: str = "seq-mean-token-mean", temperature: float = 1.0
+                   ) -> GradientAgreement:
     """The agreement of GRPO gradients of a checkpoint on recorded GRPO groups (trajectory shards), nothing updated.
 
     Batches are whole groups with their GRPO advantages (`data.pipeline.trajectory_dataset`), one pass in a seeded
     order; images are prepared with the bounds the checkpoint records (`ranger_env.json`), else the defaults.
+    `temperature` is the rollouts' (the learner's log-probs are taken at it, `LearnerConfig.temperature`).
 
     Raises:
         ValueError: no shards, fewer than 4 batches, or bad settings.
@@ -130,7 +132,7 @@ def measure_policy(policy_dir: str, shards_location: str | Sequence[str], *, bat
     buckets = length_buckets((source[i].num_tokens for i in range(len(source))), probe.image_headroom)
     spec = batching.BatchSpec.for_tokenizer(tokenizer, batch_size=batch_size, length_buckets=buckets, vision=vision)
     learner = learner_lib.Learner(qwen3_vl.load(policy_dir), learner_config.LearnerConfig(
-        objective="grpo", old_logp="learner", agg=agg))
+        objective="grpo", old_logp="learner", agg=agg, temperature=temperature))
     dataset = pipeline.trajectory_dataset(source, spec=spec, vision=vision, config=filters.FilterConfig(),
                                           stats=filters.FilterStats(), grpo_groups=True, num_epochs=1, seed=seed)
     batches = (batch for i, batch in enumerate(dataset) if max_batches is None or i < max_batches)

@@ -337,6 +337,8 @@ def main(argv: Sequence[str] | None = None) -> ActorSummary | decoupled.RoundsSu
         branch_turns = tuple(int(t) for t in args.branch_turns.split(","))
     except ValueError:
         parser.error(f"--branch-turns must be comma-separated ints; got {args.branch_turns!r}")
+    if args.sample_turns is not None and args.sample_turns < 1:
+        parser.error(f"--sample-turns must be >= 1; got {args.sample_turns}")
     config = runner.RolloutConfig(
         group_size=args.group_size, concurrency=args.concurrency, seed=args.seed, run_id=args.run_id,
         branch_turns=branch_turns, sample_turns=args.sample_turns,

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from support import recorded
 
-from ranger_jax.data import batching, filters, pipeline, shards
+from ranger_jax.data import batching, examples, filters, pipeline, shards
 from ranger_jax.models.qwen3_vl import Qwen3VLConfig
 from ranger_jax.models.qwen3_vl.model import check_inputs
 
@@ -262,6 +262,30 @@ def test_overlong_rows_dropped_or_cut_at_an_image_boundary(source, recordings, s
             np.testing.assert_array_equal(batch["input_ids"][row, :cut], trajectory.token_ids[:cut])
             assert batch["input_ids"][row, cut] in (spec.pad_id, IMAGE_PAD)
             assert not batch["loss_mask"][row, cut:].any()
+
+
+def test_rows_trimmed_after_their_last_trained_token_keep_every_trained_token(source, recordings, spec):
+    config = filters.FilterConfig(trim_untrained_tail=True)
+    dataset = pipeline.trajectory_dataset(source, spec=spec, vision=recorded.VISION, config=config, grpo_groups=False,
+                                          num_epochs=1, shard_index=0, shard_count=1)
+    out = rows_of(dataset, recordings)
+    assert sorted(out) == list(range(12))
+    for index, (batch, row) in out.items():
+        check_inputs(model_config(), batch["input_ids"], batch["attention_mask"], batch["pixel_values"],
+                     batch["image_grid_thw"])
+        trajectory = recordings[index][0]
+        mask = trajectory.loss_mask.astype(np.float32)
+        cut = int(np.flatnonzero(mask)[-1]) + 1
+        assert cut < trajectory.num_tokens  # each recording ends with a tool response and its image
+        assert batch["input_ids"][row, cut] in (spec.pad_id, IMAGE_PAD)  # padding (or the padding image) after it
+        np.testing.assert_array_equal(batch["input_ids"][row, :cut], trajectory.token_ids[:cut])
+        np.testing.assert_array_equal(batch["loss_mask"][row, :cut], mask[:cut])
+        np.testing.assert_array_equal(batch["sampler_logp"][row, :cut], trajectory.sampler_logprobs[:cut])
+        assert batch["loss_mask"][row].sum() == mask.sum()
+        # the last tool response's image is gone (check_inputs: the batch's pixels match its placeholders)
+        assert np.sum(batch["input_ids"][row, :cut] == IMAGE_PAD) < np.sum(trajectory.token_ids == IMAGE_PAD)
+    example = {"input_ids": np.arange(4), "loss_mask": np.zeros(4, np.float32)}
+    assert examples.trim_untrained_tail(example, image_pad_id=IMAGE_PAD, merge_size=2) is example
 
 
 def test_filter_config_errors():

@@ -66,6 +66,12 @@ def test_grpo_ran_decoupled_with_versions_and_staleness(run):
     records = [t for path in shards.list_shards(out / "grpo_shards") for t in shards.read_shard(path)]
     assert {t.policy_version for t in records} <= {0, 1, 2} and 0 in {t.policy_version for t in records}
     assert {t.metadata["sample_from_turn"] for t in records} <= {0, 1}  # the groups' branching turns
+    assert {t.metadata["sample_turns"] for t in records} == {1}  # one sampled turn each (the default)
+    for t in records:
+        assert sum(turn["sampled"] for turn in t.metadata["turns"]) <= 1
+    assert sim_tiny.SimTinyConfig().branch_turns == (2,) and sim_tiny.SimTinyConfig().sample_turns == 1
+    with pytest.raises(ValueError, match="SimTinyConfig.sample_turns must be None or an int >= 1"):
+        dataclasses.replace(MICRO, sample_turns=0)
     with pytest.raises(ValueError, match="branch_turns must be a non-empty tuple of ints >= 0"):
         dataclasses.replace(MICRO, branch_turns=(-1,))
     assert (out / "weights" / "latest").read_text().strip() == "2"
@@ -161,6 +167,10 @@ def test_gradient_agreement_of_the_sft_policy_on_the_grpo_groups(run, tmp_path, 
         assert result.mean_gradient_norm == 0 and result.noise_norm_sq == 0
     else:
         assert result.mean_gradient_norm > 0
+        # log-probs at the rollouts' temperature: another distribution, other gradients
+        tempered = diagnostics.measure_policy(str(out / "sft_policy"), str(out / "grpo_shards"), batch_size=1,
+                                              max_batches=6, temperature=0.5)
+        assert tempered.mean_gradient_norm != pytest.approx(result.mean_gradient_norm, rel=1e-3)
     assert -1 <= result.half_cosine <= 1 and -1 <= result.mean_pairwise_cosine <= 1
     report = tmp_path / "agreement.json"
     monkeypatch.setattr(sys, "argv", ["gradient_agreement.py", "--policy", str(out / "sft_policy"), "--shards",

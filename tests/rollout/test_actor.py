@@ -56,10 +56,11 @@ def test_actor_cli(tmp_path, world_dir, monkeypatch, capsys):
     monkeypatch.chdir(REPO)
     summary = actor.main(cli_args(world_dir, tmp_path / "out", "--limit", "2", "--group-size", "2",
                                   "--summary", str(tmp_path / "summary.json"), "--no-images",
-                                  "--branch-turns", "1,2"))
+                                  "--branch-turns", "1,2", "--sample-turns", "1"))
     assert summary.num_trajectories == 4
     branched = [t for path in summary.shards for t in shards.read_shard(path)]
     assert {t.metadata["sample_from_turn"] for t in branched} <= {1, 2}
+    assert {t.metadata["sample_turns"] for t in branched} == {1}
     written = json.loads((tmp_path / "summary.json").read_text())
     assert written["num_groups"] == 2 and written["policy"] == "expert"
     assert json.loads(capsys.readouterr().out)["shards"] == written["shards"]
@@ -68,6 +69,9 @@ def test_actor_cli(tmp_path, world_dir, monkeypatch, capsys):
     with pytest.raises(SystemExit):
         actor.main(cli_args(world_dir, tmp_path / "bad", "--branch-turns", "1,x"))
     assert "--branch-turns must be comma-separated ints; got '1,x'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        actor.main(cli_args(world_dir, tmp_path / "bad", "--sample-turns", "0"))
+    assert "--sample-turns must be >= 1; got 0" in capsys.readouterr().err
 
 
 def test_killed_actor_leaves_no_readable_partial_shard(tmp_path, world_dir):
