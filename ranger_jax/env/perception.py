@@ -88,8 +88,12 @@ def colour_words(text: str, palette: Mapping[str, RGB]) -> list[str]:
 
 
 def _colour_mask(pixels: np.ndarray, rgb: RGB, tolerance: int) -> np.ndarray:
-    """[H, W] bool: pixels within `tolerance` of `rgb` in every channel."""
-    return np.all(np.abs(pixels - np.asarray(rgb, dtype=np.int16)) <= tolerance, axis=-1)
+    """[H, W] bool: pixels [H, W, 3] (int16) within `tolerance` of `rgb` in every channel (channel by channel: a
+    reduction over a last axis of 3 is several times slower in numpy)."""
+    out = np.abs(pixels[..., 0] - np.int16(rgb[0])) <= tolerance
+    for channel in (1, 2):
+        out &= np.abs(pixels[..., channel] - np.int16(rgb[channel])) <= tolerance
+    return out
 
 
 def _fits(samples: np.ndarray, palette: np.ndarray, gains: np.ndarray) -> np.ndarray:
@@ -156,9 +160,17 @@ def _read(image: Image.Image, palette: Mapping[str, RGB]) -> tuple[np.ndarray, b
     return pixels.astype(np.float32) / estimate_light(pixels, palette).astype(np.float32), True
 
 
-def _distance(values: np.ndarray, rgb: RGB) -> np.ndarray:
-    """[H, W] largest per-channel distance of each pixel from `rgb`."""
-    return np.abs(values - np.asarray(rgb, dtype=np.float32)).max(axis=-1)
+def _planes(values: np.ndarray) -> np.ndarray:
+    """[3, H, W] contiguous channel planes of pixel values [H, W, 3]."""
+    return np.ascontiguousarray(np.moveaxis(values, -1, 0))
+
+
+def _distance(planes: np.ndarray, rgb: RGB) -> np.ndarray:
+    """[H, W] largest per-channel distance of each pixel (channel planes [3, H, W] float32) from `rgb`."""
+    out = np.abs(planes[0] - np.float32(rgb[0]))
+    for channel in (1, 2):
+        np.maximum(out, np.abs(planes[channel] - np.float32(rgb[channel])), out=out)
+    return out
 
 
 def colour_masks(image: Image.Image, palette: Mapping[str, RGB], names: Sequence[str], *,
@@ -167,7 +179,15 @@ def colour_masks(image: Image.Image, palette: Mapping[str, RGB], names: Sequence
     PHOTO_TOLERANCE of it under the estimated light in a photograph (`is_photograph`)."""
     values, photo = _read(image, palette)
     limit = PHOTO_TOLERANCE if photo else tolerance
-    return {name: _distance(values, palette[name]) <= limit for name in names}
+    planes = _planes(values)
+    return {name: _distance(planes, palette[name]) <= limit for name in names}
+
+
+def _close(mask: np.ndarray, size: int) -> np.ndarray:
+    """`ndimage.binary_closing` of `mask` by a size x size square (outside the image counts as background), as a
+    max then a min filter: the same pixels, about three times faster."""
+    dilated = ndimage.maximum_filter(mask.view(np.uint8), size=size, mode="constant", cval=0)
+    return ndimage.minimum_filter(dilated, size=size, mode="constant", cval=0).astype(bool)
 
 
 def _ring_share(region_mask: np.ndarray, box: tuple[int, int, int, int], mask: np.ndarray, width: int) -> float:
@@ -253,14 +273,15 @@ def find_objects(image: Image.Image, palette: Mapping[str, RGB], colours: Sequen
     motif_name = colours[-1]
     values, photo = _read(image, palette)
     limit = PHOTO_TOLERANCE if photo else tolerance
-    to_ground = _distance(values, palette[ground_name])
+    planes = _planes(values)
+    to_ground = _distance(planes, palette[ground_name])
     ground = to_ground <= limit
-    to_motif = _distance(values, palette[motif_name])
+    to_motif = _distance(planes, palette[motif_name])
     motif = to_motif <= limit if motif_name != ground_name else ground
     # thin motif lines blur into their ground in a photograph: nearer the motif than the ground counts as motif
     motif_seen = (to_motif <= MOTIF_BLUR) & (to_motif < to_ground) if photo and motif_name != ground_name else motif
-    trim_mask = _distance(values, palette[trim]) <= limit if trim else None
-    joined = ndimage.binary_closing(ground | motif, structure=np.ones((5, 5), bool), iterations=1)
+    trim_mask = _distance(planes, palette[trim]) <= limit if trim else None
+    joined = _close(ground | motif, 5)
     labels, count = ndimage.label(joined)
     found = []
     for index, region in enumerate(ndimage.find_objects(labels), start=1):

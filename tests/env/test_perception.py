@@ -3,8 +3,10 @@ pictures (version-1 worlds) and photographs (lit, JPEG-compressed version-2 worl
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from PIL import Image, ImageDraw
+from scipy import ndimage
 
 from ranger_jax import env
 from ranger_jax.env import perception
@@ -239,3 +241,22 @@ def test_date_prompt_is_only_todays_date_and_the_tools_still_work(small_world):
         assert "run image_search first" in state.messages[-1]["content"]
     with pytest.raises(ValueError, match="'full', 'compact' or 'date'"):
         env.make("offline", world=str(root), tools=TOOLS, prompt_style="tiny")
+
+
+def test_fast_pixel_kernels_equal_their_reference_formulas():
+    """`_close`, `_distance` and `_colour_mask` are rewritten for speed; each must give exactly what the plain
+    numpy / scipy formula gives, borders included."""
+    rng = np.random.default_rng(3)
+    for _ in range(60):
+        h, w = (int(n) for n in rng.integers(3, 90, 2))
+        mask = rng.random((h, w)) < rng.random()
+        expected = ndimage.binary_closing(mask, structure=np.ones((5, 5), bool), iterations=1)
+        np.testing.assert_array_equal(perception._close(mask, 5), expected)
+        values = rng.uniform(0, 300, (h, w, 3)).astype(np.float32)
+        rgb = tuple(int(c) for c in rng.integers(0, 256, 3))
+        np.testing.assert_array_equal(perception._distance(perception._planes(values), rgb),
+                                      np.abs(values - np.asarray(rgb, np.float32)).max(axis=-1))
+        pixels = rng.integers(0, 256, (h, w, 3)).astype(np.int16)
+        tolerance = int(rng.integers(0, 40))
+        np.testing.assert_array_equal(perception._colour_mask(pixels, rgb, tolerance),
+                                      np.all(np.abs(pixels - np.asarray(rgb, np.int16)) <= tolerance, axis=-1))
