@@ -79,9 +79,10 @@ class PreparedImage:
 def processor_size(height: int, width: int, settings: VisionSettings) -> tuple[int, int]:
     """The (height, width) an image is resized to: the processor's size of it, and of that size again.
 
-    `smart_resize` is not idempotent for thin images: the short side is clamped at one factor, so a 300x40 crop
-    becomes 192x32 (6144 pixels, over a 4096 budget), which the processor would shrink again to 128x32 when it
-    receives the recorded PNG. Following it to its fixed point makes the recorded image one the processor keeps.
+    `smart_resize` is not idempotent for thin images: the short side is clamped at one factor, so with factor 32
+    and a 4096-pixel budget a 500x33 crop becomes 224x32 (7168 pixels), which the processor would shrink to 160x32
+    when it receives the recorded PNG, and that to 128x32. Following it to its fixed point makes the recorded image
+    one the processor keeps.
     """
     size = (height, width)
     for _ in range(8):
