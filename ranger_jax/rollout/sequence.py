@@ -100,7 +100,8 @@ def prepare_image(image: Image.Image, settings: VisionSettings, *, img_id: str |
     """Resizes an observation image to the processor's grid once and patches it (see the module docstring).
 
     Raises:
-        ValueError: an image the processor refuses (aspect ratio > 200), naming the img_id and size.
+        ValueError: an image the processor refuses (aspect ratio > 200) or whose resize does not settle
+            (`processor_size`), naming the img_id and size.
     """
     rgb = media.to_rgb(image)
     try:
