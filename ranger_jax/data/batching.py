@@ -42,6 +42,9 @@ import numpy as np
 from ranger_jax.processing.tokenizer import Tokenizer
 from ranger_jax.rollout import sequence
 
+DEFAULT_SUFFIX_BUCKETS = (32, 64, 128, 256, 512, 1024)
+
+
 def _round_up(n: int, step: int) -> int:
     return -(-n // step) * step
 
@@ -58,9 +61,19 @@ class BatchSpec:
     patch_features: int = 1536  # I = 3 · temporal_patch_size · patch_size²
     patch_step: int = 1024  # P rounds up to a multiple of this (a multiple of m²)
     image_step: int = 8  # N rounds up to a multiple of this
+    # shared-prefix batches (`data.shared_prefix`): G prefix rows per batch (0 = plain rows) and the suffix rows'
+    # length buckets
+    prefix_rows: int = 0
+    suffix_buckets: tuple[int, ...] = DEFAULT_SUFFIX_BUCKETS
 
     def __post_init__(self):
         object.__setattr__(self, "length_buckets", tuple(int(b) for b in self.length_buckets))
+        object.__setattr__(self, "suffix_buckets", tuple(int(b) for b in self.suffix_buckets))
+        suffix = self.suffix_buckets
+        if not suffix or any(b < 2 for b in suffix) or list(suffix) != sorted(set(suffix)):
+            raise ValueError(f"suffix_buckets must be >= 2 and strictly ascending, got {list(suffix)}")
+        if self.prefix_rows < 0:
+            raise ValueError(f"BatchSpec.prefix_rows must be >= 0, got {self.prefix_rows}")
         buckets = self.length_buckets
         if not buckets or any(b < 1 for b in buckets) or list(buckets) != sorted(set(buckets)):
             raise ValueError(f"length_buckets must be positive and strictly ascending, got {list(buckets)}")

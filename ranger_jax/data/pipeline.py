@@ -33,7 +33,7 @@ import grain
 import jax
 import numpy as np
 
-from ranger_jax.data import batching, examples, filters, shards, sft_file
+from ranger_jax.data import batching, examples, filters, shards, sft_file, shared_prefix
 from ranger_jax.processing import chat
 from ranger_jax.rl import grpo
 from ranger_jax.rollout import sequence
@@ -141,6 +141,27 @@ class WindowBatchIterDataset(grain.IterDataset):
                 f"length_buckets={self.spec.length_buckets})")
 
 
+def _unit_chunks(units: list[list[dict[str, Any]]], batch: int, prefix_rows: int) -> list[list[list[dict[str, Any]]]]:
+    """Units (each one shared prefix) packed in order of their longest row into chunks of at most `batch` rows and
+    `prefix_rows` units: the shared-prefix batches of a window.
+
+    Raises:
+        ValueError: a unit with more rows than a batch holds.
+    """
+    chunks: list[list[list[dict[str, Any]]]] = []
+    rows = 0
+    for unit in sorted(units, key=lambda u: max(len(r["input_ids"]) for r in u)):  # stable
+        if len(unit) > batch:
+            raise ValueError(f"a GRPO group of {len(unit)} rows does not fit a shared-prefix batch of {batch} rows; "
+                             "raise BatchSpec.batch_size to at least the group size")
+        if not chunks or rows + len(unit) > batch or len(chunks[-1]) == prefix_rows:
+            chunks.append([])
+            rows = 0
+        chunks[-1].append(unit)
+        rows += len(unit)
+    return chunks
+
+
 class _WindowBatchIterator(grain.DatasetIterator):
     def __init__(self, parent: grain.DatasetIterator, dataset: WindowBatchIterDataset):
         super().__init__(parent)
@@ -174,17 +195,23 @@ class _WindowBatchIterator(grain.DatasetIterator):
 
     def _read_window(self, version: int) -> None:
         self._start, self._version = self._parent.get_state(), version
-        target, rows = self._ds.window_batches * self._ds.spec.batch_size, []
+        target, rows, units = self._ds.window_batches * self._ds.spec.batch_size, [], []
         while len(rows) < target:
             try:
                 unit = next(self._parent)
             except StopIteration:
                 break
-            rows.extend(self._rows(unit, version))
+            kept = self._rows(unit, version)
+            rows.extend(kept)
+            if kept:
+                units.append(kept)
         self._ds.stats.count("kept", n=len(rows))
         batch = self._ds.spec.batch_size
-        order = sorted(range(len(rows)), key=lambda i: len(rows[i]["input_ids"]))  # stable: ties keep read order
-        chunks = [[rows[i] for i in order[k:k + batch]] for k in range(0, len(order), batch)]
+        if self._ds.spec.prefix_rows:
+            chunks = _unit_chunks(units, batch, self._ds.spec.prefix_rows)
+        else:
+            order = sorted(range(len(rows)), key=lambda i: len(rows[i]["input_ids"]))  # stable: ties keep read order
+            chunks = [[rows[i] for i in order[k:k + batch]] for k in range(0, len(order), batch)]
         permutation = np.random.default_rng([self._ds.seed, self._window]).permutation(len(chunks))
         self._plan = [chunks[i] for i in permutation]
         self._emitted = 0
@@ -199,6 +226,8 @@ class _WindowBatchIterator(grain.DatasetIterator):
         self._emitted += 1
         if self._emitted == len(self._plan):
             self._plan, self._window = None, self._window + 1
+        if self._ds.spec.prefix_rows:
+            return shared_prefix.collate_shared(chunk, self._ds.spec)
         return batching.collate(chunk, self._ds.spec)
 
     def get_state(self) -> dict[str, Any]:

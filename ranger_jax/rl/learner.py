@@ -34,6 +34,7 @@ from ranger_jax.models.qwen3_vl import loss as loss_lib
 from ranger_jax.models.qwen3_vl import model as model_lib
 from ranger_jax.parallel import host_data
 from ranger_jax.parallel import mesh as mesh_lib
+from ranger_jax.rl import objectives
 from ranger_jax.rl import train_step as train_step_lib
 from ranger_jax.rl.learner_config import LearnerConfig
 
@@ -47,6 +48,9 @@ _IMAGE_DTYPES = {"pixel_values": np.float32, "image_grid_thw": np.int32}
 _REQUIRED = {"sft": ("input_ids", "attention_mask", "loss_mask"),
              "grpo": ("input_ids", "attention_mask", "loss_mask", "sampler_logp", "advantages")}
 _HOST_ONLY = ("policy_version",)  # in the batch contract, used upstream (staleness) and not by the update
+# shared-prefix batches (`data.shared_prefix`): prefix rows [G, P] / [G], and each row's prefix [B]
+_PREFIX_DTYPES = {"prefix_input_ids": np.int32, "prefix_attention_mask": np.int32, "prefix_length": np.int32}
+_PREFIX_INDEX = "prefix_index"
 
 
 def _same_architecture(a: model_config_lib.Qwen3VLConfig, b: model_config_lib.Qwen3VLConfig) -> bool:
@@ -96,7 +100,7 @@ def check_batch(batch: Mapping[str, Any], config: LearnerConfig, model_config: m
     missing = [k for k in required if k not in batch]
     if missing:
         raise ValueError(f"the batch lacks {missing}; objective {config.objective!r} needs {list(required)}")
-    known = set(_ROW_DTYPES) | set(_IMAGE_DTYPES) | set(_HOST_ONLY)
+    known = set(_ROW_DTYPES) | set(_IMAGE_DTYPES) | set(_HOST_ONLY) | set(_PREFIX_DTYPES) | {_PREFIX_INDEX}
     unknown = sorted(set(batch) - known)
     if unknown:
         raise ValueError(f"the batch holds unknown keys {unknown}; known keys: {sorted(known)}")
@@ -110,9 +114,47 @@ def check_batch(batch: Mapping[str, Any], config: LearnerConfig, model_config: m
     for key in ("advantages", "row_valid", "policy_version"):
         if key in batch and np.shape(batch[key]) != (rows,):
             raise ValueError(f"batch {key} has shape {np.shape(batch[key])}, expected ({rows},) (one per row)")
+    if train_step_lib.is_shared_prefix(batch):
+        _check_shared(batch, config, model_config, mesh)
+        return
     model_lib.check_inputs(model_config, ids, batch["attention_mask"], batch.get("pixel_values"),
                            batch.get("image_grid_thw"))
     _check_rows(rows, config.grad_accum_steps, mesh)
+
+
+def _check_shared(batch: Mapping[str, Any], config: LearnerConfig, model_config: model_config_lib.Qwen3VLConfig,
+                  mesh: jax.sharding.Mesh | None) -> None:
+    """`check_batch` for a shared-prefix batch: prefix keys, suffix rows, images in the prefixes only."""
+    missing = [k for k in (*_PREFIX_DTYPES, _PREFIX_INDEX) if k not in batch]
+    if missing:
+        raise ValueError(f"the shared-prefix batch lacks {missing}")
+    if config.grad_accum_steps != 1:
+        raise ValueError(f"a shared-prefix batch runs as one microbatch; LearnerConfig.grad_accum_steps is "
+                         f"{config.grad_accum_steps} (set it to 1, or give the learner plain rows)")
+    prefix_ids = np.asarray(batch["prefix_input_ids"])
+    if prefix_ids.ndim != 2:
+        raise ValueError(f"batch prefix_input_ids must be [G, P], got shape {prefix_ids.shape}")
+    groups, length = prefix_ids.shape
+    if np.shape(batch["prefix_attention_mask"]) != prefix_ids.shape:
+        raise ValueError(f"batch prefix_attention_mask has shape {np.shape(batch['prefix_attention_mask'])}, "
+                         f"prefix_input_ids has {prefix_ids.shape}")
+    prefix_length = np.asarray(batch["prefix_length"])
+    if prefix_length.shape != (groups,) or np.any(prefix_length < 0) or np.any(prefix_length > length):
+        raise ValueError(f"batch prefix_length must be [{groups}] ints in [0, {length}]; got {prefix_length.tolist()}")
+    ids = np.asarray(batch["input_ids"])
+    index = np.asarray(batch[_PREFIX_INDEX])
+    if index.shape != (ids.shape[0],) or np.any(index < 0) or np.any(index >= groups):
+        raise ValueError(f"batch prefix_index must be [{ids.shape[0]}] ints in [0, {groups}) (one prefix row per "
+                         f"suffix row); got {index.tolist()}")
+    model_lib.check_inputs(model_config, prefix_ids, batch["prefix_attention_mask"], batch.get("pixel_values"),
+                           batch.get("image_grid_thw"))
+    image_rows = np.flatnonzero(np.any(ids == model_config.image_token_id, axis=1))
+    if len(image_rows):
+        raise ValueError(f"suffix rows {image_rows.tolist()} of a shared-prefix batch hold image placeholders; "
+                         "images belong to the prefix rows")
+    model_lib.check_inputs(model_config, ids, batch["attention_mask"])
+    _check_rows(ids.shape[0], 1, mesh)
+    _check_rows(groups, 1, mesh)
 
 
 def _check_rows(rows: int, accum: int, mesh: jax.sharding.Mesh | None) -> None:
@@ -193,12 +235,29 @@ class Learner:
         arrays = {k: np.asarray(batch[k], dtype) for k, dtype in _ROW_DTYPES.items() if k in batch}
         arrays.setdefault("row_valid", np.ones(arrays["input_ids"].shape[0], np.float32))
         images = {k: np.asarray(batch[k], dtype) for k, dtype in _IMAGE_DTYPES.items() if batch.get(k) is not None}
+        shared = train_step_lib.is_shared_prefix(batch)
+        if shared:
+            arrays[_PREFIX_INDEX] = np.asarray(batch[_PREFIX_INDEX], np.int32)
+            prefixes = {k: np.asarray(batch[k], dtype) for k, dtype in _PREFIX_DTYPES.items()}
         if self.mesh is None:
-            return {k: jnp.asarray(v) for k, v in {**arrays, **images}.items()}
+            out = {k: jnp.asarray(v) for k, v in {**arrays, **images}.items()}
+            return {**out, **{k: jnp.asarray(v) for k, v in prefixes.items()}} if shared else out
         vision = self.model_config.vision_config
         features = vision.in_channels * vision.temporal_patch_size * vision.patch_size ** 2
-        # this process's rows; with several processes the global batch is every process's rows (host_data)
-        return host_data.global_batch(arrays, images, self.mesh, train_step_lib.BATCH_AXES, image_features=features)
+        if not shared:
+            # this process's rows; with several processes the global batch is every process's rows (host_data)
+            return host_data.global_batch(arrays, images, self.mesh, train_step_lib.BATCH_AXES,
+                                          image_features=features)
+        # prefix rows are global rows too: each process's suffix rows point at its own, offset by its position
+        arrays[_PREFIX_INDEX] = arrays[_PREFIX_INDEX] + jax.process_index() * prefixes["prefix_input_ids"].shape[0]
+        placed = host_data.global_batch(arrays, {}, self.mesh, train_step_lib.BATCH_AXES, image_features=features)
+        rows = {"input_ids": prefixes["prefix_input_ids"], "attention_mask": prefixes["prefix_attention_mask"],
+                "prefix_length": prefixes["prefix_length"]}
+        prefix = host_data.global_batch(rows, images, self.mesh, train_step_lib.BATCH_AXES, image_features=features)
+        placed["prefix_input_ids"] = prefix.pop("input_ids")
+        placed["prefix_attention_mask"] = prefix.pop("attention_mask")
+        placed.update(prefix)
+        return placed
 
     def _train_arrays(self, batch: Mapping[str, Any]) -> dict[str, jax.Array]:
         """The checked, placed batch of a train step, with the reference log-probs its KL term reads."""
@@ -245,6 +304,8 @@ class Learner:
     def logprobs(self, batch: Mapping[str, Any]) -> np.ndarray:
         """[B, T] float32 log-probabilities of the batch's tokens under the current parameters (0 at position 0), of
         logits / `config.temperature` for a GRPO learner; with several processes, of this process's rows."""
+        if train_step_lib.is_shared_prefix(batch):
+            raise ValueError("Learner.logprobs takes plain rows (batching.collate), not a shared-prefix batch")
         ids = np.asarray(batch["input_ids"])
         model_lib.check_inputs(self.model_config, ids, batch["attention_mask"], batch.get("pixel_values"),
                                batch.get("image_grid_thw"))
@@ -317,6 +378,11 @@ class Learner:
 def _logprobs(graphdef: nnx.GraphDef, params: nnx.State, batch: Mapping[str, jax.Array],
               temperature: float) -> jax.Array:
     model = nnx.merge(graphdef, params)
+    if train_step_lib.is_shared_prefix(batch):  # the suffix rows' log-probs, their prefixes run once
+        positions = train_step_lib.shared_positions(model, batch)
+        embeds, deepstack = train_step_lib.embed_shared(model, batch)
+        hidden = train_step_lib.decode_shared(model, embeds, deepstack, positions, batch)
+        return objectives.token_logprobs(model, hidden, batch, temperature=temperature)
     return loss_lib.sequence_logprobs(model, batch["input_ids"], attention_mask=batch["attention_mask"],
                                       pixel_values=batch.get("pixel_values"),
                                       image_grid_thw=batch.get("image_grid_thw"), temperature=temperature)

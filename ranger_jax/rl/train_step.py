@@ -17,6 +17,12 @@ stages of `Qwen3VL.hidden_states`:
 3. The embedding rows' gradients run back through stage 1; then global-norm clipping, AdamW (`rl.optim`), and
    the new state pinned to the sharding the model's partition rules give.
 
+A shared-prefix batch (`data.shared_prefix`: G prefix rows, each continued by its suffix rows) runs the same
+stages on its two parts: stage 1 embeds the prefixes (with every image) and the text-only suffixes; stage 2 runs
+the prefixes once into a KV cache and the suffix rows on from their prefix's cache (`decode_shared`), as one
+microbatch. The objective sees only the suffix rows, which hold every trained token, so loss, metrics and gradient
+are those of the full rows (tests compare them).
+
 With `freeze_vision` the vision tower (`model.visual`, mergers included) is split off before differentiation: it
 gets no gradient (its backward pass is never built) and no optimiser state.
 """
@@ -33,7 +39,7 @@ import optax
 from flax import nnx, struct
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ranger_jax.models.qwen3_vl import attention, rope
+from ranger_jax.models.qwen3_vl import attention, rope, text
 from ranger_jax.models.qwen3_vl import model as model_lib
 from ranger_jax.parallel import rules as rules_lib
 from ranger_jax.rl import learner_config, objectives, optim
@@ -41,6 +47,7 @@ from ranger_jax.rl import learner_config, objectives, optim
 VISION_TOWER = "visual"  # the attribute holding the vision tower and its mergers (HF `model.visual`)
 ROW_KEYS = ("input_ids", "attention_mask", "loss_mask", "sampler_logp", "advantages", "row_valid", "ref_logp")
 IMAGE_KEYS = ("pixel_values", "image_grid_thw")
+PREFIX_KEYS = ("prefix_input_ids", "prefix_attention_mask", "prefix_length")  # [G, P] and [G]; prefix_index is [B]
 BATCH_AXES = ("data", "fsdp")  # mesh axes the rows of a batch are split over
 
 
@@ -159,6 +166,75 @@ def decode_rows(model: model_lib.Qwen3VL, embeds: jax.Array, deepstack: jax.Arra
     return model.decode(embeds, positions, mask_info, deepstack)[0]
 
 
+# ----- shared-prefix batches (data.shared_prefix) -----------------------------------------------------------------
+
+
+def is_shared_prefix(batch: Mapping[str, Any]) -> bool:
+    """Whether `batch` is a shared-prefix batch (prefix rows continued by suffix rows through the KV cache)."""
+    return "prefix_input_ids" in batch
+
+
+def embed_shared(model: model_lib.Qwen3VL, batch: Mapping[str, jax.Array]):
+    """Stage 1 of a shared-prefix batch: ((prefix embeds [G, P, D], suffix embeds [B, S, D]), the prefixes'
+    DeepStack rows or None). The images belong to the prefixes; suffix rows are text only."""
+    image_embeds = deepstack = None
+    if batch.get("pixel_values") is not None:
+        image_embeds, deepstack = model.encode_images(batch["pixel_values"], batch["image_grid_thw"])
+    prefix, prefix_deepstack = model.embed(batch["prefix_input_ids"], image_embeds, deepstack)
+    suffix, _ = model.embed(batch["input_ids"])
+    return (prefix, suffix), prefix_deepstack
+
+
+def shared_positions(model: model_lib.Qwen3VL, batch: Mapping[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
+    """([3, G, P] MRoPE positions of the prefixes, [3, B, S] of the suffix rows).
+
+    A suffix row's text continues its prefix: token j sits at (the largest position of the prefix's real tokens)
+    + 1 + j on all three rows, where the full row would put it (`rope.get_rope_index`'s rule for text after text
+    or images). The image padding's placeholders after a prefix are not real tokens and do not count.
+    """
+    prefix = rope.get_rope_index(batch["prefix_input_ids"], batch.get("image_grid_thw"),
+                                 batch["prefix_attention_mask"], image_token_id=model.config.image_token_id,
+                                 spatial_merge_size=model.config.vision_config.spatial_merge_size)[0]
+    length = batch["prefix_length"]
+    real = jnp.arange(prefix.shape[2])[None, :] < length[:, None]  # [G, P]
+    start = jnp.where(length > 0, jnp.max(jnp.where(real[None], prefix, -1), axis=(0, 2)) + 1, 0)  # [G]
+    ids = batch["input_ids"]
+    suffix = start[batch["prefix_index"]][:, None] + jnp.arange(ids.shape[1], dtype=jnp.int32)[None, :]
+    return prefix, jnp.broadcast_to(suffix.astype(jnp.int32), (3, *ids.shape))
+
+
+def decode_shared(model: model_lib.Qwen3VL, embeds: tuple[jax.Array, jax.Array], deepstack: jax.Array | None,
+                  positions: tuple[jax.Array, jax.Array], batch: Mapping[str, jax.Array]) -> jax.Array:
+    """Stage 2 of a shared-prefix batch: final-norm hidden states [B, S, D] of the suffix rows.
+
+    The prefixes run once and leave their keys and values in a cache of P + S slots per layer; each suffix row
+    takes its prefix's cache (`prefix_index`) and runs in slots P.. P + S - 1, attending to the prefix's real
+    tokens (`prefix_length`) and, causally, to its own. Gradients reach the prefix through the cached keys and
+    values, so loss and gradient equal those of the full rows.
+    """
+    prefix_embeds, suffix_embeds = embeds
+    prefix_positions, suffix_positions = positions
+    prefix_ids, ids = batch["prefix_input_ids"], batch["input_ids"]
+    (groups, prefix_len), (rows, suffix_len) = prefix_ids.shape, ids.shape
+    text_config, dtype = model.config.text_config, model.config.compute_dtype
+    slots = prefix_len + suffix_len
+    shape = (groups, text_config.num_key_value_heads, slots, text_config.head_dim)
+    caches = tuple(text.KVCache(key=jnp.zeros(shape, dtype), value=jnp.zeros(shape, dtype))
+                   for _ in range(text_config.num_hidden_layers))
+    prefix_mask = attention.MaskInfo(
+        query_slots=jnp.broadcast_to(jnp.arange(prefix_len, dtype=jnp.int32), (groups, prefix_len)),
+        kv_valid=jnp.concatenate([batch["prefix_attention_mask"].astype(bool),
+                                  jnp.zeros((groups, suffix_len), bool)], axis=1))
+    _, caches = model.decode(prefix_embeds, prefix_positions, prefix_mask, deepstack, caches)
+    index = batch["prefix_index"]
+    caches = tuple(text.KVCache(key=c.key[index], value=c.value[index]) for c in caches)
+    visible = jnp.arange(prefix_len)[None, :] < batch["prefix_length"][index][:, None]
+    suffix_mask = attention.MaskInfo(
+        query_slots=jnp.broadcast_to(prefix_len + jnp.arange(suffix_len, dtype=jnp.int32), (rows, suffix_len)),
+        kv_valid=jnp.concatenate([visible, batch["attention_mask"].astype(bool)], axis=1))
+    return model.decode(suffix_embeds, suffix_positions, suffix_mask, None, caches)[0]
+
+
 # ----- the step ----------------------------------------------------------------------------------------------------
 
 
@@ -171,18 +247,26 @@ def _gradients(state: TrainState, trained: nnx.State, frozen: nnx.State, batch: 
     def model_of(params):
         return nnx.merge(state.graphdef, nnx.merge_state(params, frozen))
 
-    positions = batch_positions(model_of(trained), batch)
-    (embeds, deepstack), embed_vjp = jax.vjp(lambda params: embed_batch(model_of(params), batch), trained)
+    shared = is_shared_prefix(batch)
+    if shared:  # one microbatch: `learner.check_batch` refuses shared-prefix batches with grad_accum_steps > 1
+        positions = shared_positions(model_of(trained), batch)
+        (embeds, deepstack), embed_vjp = jax.vjp(lambda params: embed_shared(model_of(params), batch), trained)
+    else:
+        positions = batch_positions(model_of(trained), batch)
+        (embeds, deepstack), embed_vjp = jax.vjp(lambda params: embed_batch(model_of(params), batch), trained)
 
     def micro_loss(params, embeds, deepstack, positions, microbatch):
         model = model_of(params)
-        hidden = decode_rows(model, embeds, deepstack, positions, microbatch["attention_mask"])
+        if shared:
+            hidden = decode_shared(model, embeds, deepstack, positions, batch)
+        else:
+            hidden = decode_rows(model, embeds, deepstack, positions, microbatch["attention_mask"])
         return objective(model, hidden, microbatch, totals, config)
 
     grad_fn = jax.value_and_grad(micro_loss, argnums=(0, 1, 2), has_aux=True)
     rows = {k: v for k, v in batch.items() if k in ROW_KEYS}
     num = config.grad_accum_steps
-    if num == 1:
+    if num == 1 or shared:
         (loss, metrics), (grads, d_embeds, d_deepstack) = grad_fn(trained, embeds, deepstack, positions, rows)
         grads = jax.tree.map(lambda g: g.astype(jnp.float32), grads)
     else:

@@ -288,6 +288,42 @@ def test_rows_trimmed_after_their_last_trained_token_keep_every_trained_token(so
     assert examples.trim_untrained_tail(example, image_pad_id=IMAGE_PAD, merge_size=2) is example
 
 
+def test_shared_prefix_batches_hold_each_groups_context_once(renderer, spec, tmp_path):
+    """Groups that branched after their first message: each context is one prefix row, each member's sampled turn
+    a suffix row continuing it, and together they are the recorded tokens up to the last trained one."""
+    recordings = [recorded.record(renderer, seed=g, sample_seed=i, group_id=f"g{g}", sample_index=i, reward=i / 4,
+                                  turns=1) for g in range(3) for i in range(G)]
+    shards.write_shard(tmp_path / "a-00000.array_record", [t for t, _ in recordings])
+    shared = dataclasses.replace(spec, batch_size=6, prefix_rows=2, suffix_buckets=(16, 32))
+    dataset = pipeline.trajectory_dataset(shards.TrajectorySource(tmp_path), spec=shared, vision=recorded.VISION,
+                                          num_epochs=1, shard_index=0, shard_count=1)
+    seen = []
+    for batch in batches(dataset):
+        assert batch["prefix_input_ids"].shape[0] == 2 and batch["input_ids"].shape == (6, 16)
+        check_inputs(model_config(), batch["prefix_input_ids"], batch["prefix_attention_mask"],
+                     batch["pixel_values"], batch["image_grid_thw"])
+        for row in np.flatnonzero(batch["row_valid"]):
+            index = batch["prefix_index"][row]
+            prefix = batch["prefix_input_ids"][index, :batch["prefix_length"][index]]
+            suffix = batch["input_ids"][row, :int(batch["attention_mask"][row].sum())]
+            full = np.concatenate([prefix, suffix])
+            found = [i for i, (t, _) in enumerate(recordings) if np.array_equal(full, t.token_ids[:len(full)])]
+            assert len(found) == 1
+            trajectory = recordings[found[0]][0]
+            assert len(full) == np.flatnonzero(trajectory.loss_mask)[-1] + 1  # cut after the sampled turn
+            assert batch["loss_mask"][row].sum() == trajectory.loss_mask.sum()
+            assert np.sum(prefix == IMAGE_PAD) == np.sum(trajectory.token_ids[:len(full)] == IMAGE_PAD)
+            seen.append(found[0])
+    assert sorted(seen) == list(range(9))
+    mixed = dataclasses.replace(shared, batch_size=4)  # a group of 3 and its neighbour do not fit one batch of 4
+    assert all(int(b["row_valid"].sum()) == G for b in batches(pipeline.trajectory_dataset(
+        shards.TrajectorySource(tmp_path), spec=mixed, vision=recorded.VISION, num_epochs=1, shard_index=0,
+        shard_count=1)))
+    with pytest.raises(ValueError, match="a GRPO group of 3 rows does not fit a shared-prefix batch of 2 rows"):
+        batches(pipeline.trajectory_dataset(shards.TrajectorySource(tmp_path), spec=dataclasses.replace(
+            shared, batch_size=2), vision=recorded.VISION, num_epochs=1, shard_index=0, shard_count=1))
+
+
 def test_filter_config_errors():
     with pytest.raises(ValueError, match=r"overlong='cut'; known: drop, truncate"):
         filters.FilterConfig(overlong="cut")

@@ -40,8 +40,11 @@ def random_image(rng: np.random.Generator) -> Image.Image:
 
 def record(renderer: ChatRenderer, vision: sequence.VisionSettings = VISION, *, seed: int, group_id: str = "g0",
            sample_index: int = 0, policy_version: int = 0, reward: float = 0.0, termination: str | None = "answer",
-           turns: int = 2, answer_tokens: int = 5) -> tuple[trajectory_lib.Trajectory, list[sequence.PreparedImage]]:
-    """One recorded trajectory and its prepared images (the sampler's pixel values)."""
+           turns: int = 2, answer_tokens: int = 5, sample_seed: int | None = None
+           ) -> tuple[trajectory_lib.Trajectory, list[sequence.PreparedImage]]:
+    """One recorded trajectory and its prepared images (the sampler's pixel values). With `sample_seed`, the
+    turns (sampled tokens, tool images) draw from it and the context from `seed`: the members of a group that
+    branched after its first message."""
     rng = np.random.default_rng(seed)
     tok = renderer.tokenizer
     seq = sequence.TokenSequence(image_pad_id=tok.image_pad_id, merge_size=vision.merge_size)
@@ -49,6 +52,8 @@ def record(renderer: ChatRenderer, vision: sequence.VisionSettings = VISION, *, 
     seq.append(renderer.render_prefix("You ground prompts.", f"Draw thing {seed}.", date="2026-05-01",
                                       images_grid_thw=[first.grid_thw]), [first])
     text_ids = [i for i in tok.encode("the quick brown fox jumps over the lazy dog 1234") if i not in tok.vision_ids]
+    if sample_seed is not None:
+        rng = np.random.default_rng([seed, sample_seed])
     for turn in range(turns):
         seq.append(renderer.generation_prompt())
         sampled = rng.choice(text_ids, answer_tokens).tolist() + [tok.im_end_id]
