@@ -7,13 +7,14 @@ whole row; the shared-prefix batch (`data.shared_prefix.collate_shared`) runs ea
 turns on from its KV cache. The model is the tiny policy's shape (`rl.tiny_policy.TinyPolicySize`) with random
 weights. Before timing, the two gradients are compared (they must agree to float32 rounding).
 
-    python benchmarks/shared_prefix_learner.py [--groups 4] [--members 8] [--context 760] [--repeats 5]
+    python benchmarks/shared_prefix_learner.py [--groups 4] [--members 8] [--context 760] [--repeats 5] [--json OUT]
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import statistics
 import time
 import types
@@ -63,6 +64,7 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=2)
     parser.add_argument("--sampled", type=int, default=32, help="mean sampled tokens per member")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json", help="write the figures here")
     args = parser.parse_args()
     units = groups(np.random.default_rng(0), args)
     spec = batching.BatchSpec(batch_size=args.groups * args.members, length_buckets=(256, 512, 640, 896, 1152, 2048),
@@ -95,6 +97,11 @@ def main() -> None:
     ratio = statistics.median(times["plain"]) / statistics.median(times["shared"])
     print(f"shared-prefix step is {ratio:.2f}x faster ({args.groups} groups x {args.members} members, context "
           f"{args.context} tokens)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"shared_prefix_speedup": ratio, "gradient_max_relative_difference": float(
+                np.abs(a - b).max() / np.abs(a).max()), "padded_tokens": tokens,
+                "median_step_s": {k: statistics.median(v) for k, v in times.items()}, "args": vars(args)}, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -19,9 +19,16 @@ tool-call scaffolding (`protected_ids`), so nothing but the structure stays fixe
 predict a request, a name or a look; after a copy warm-up the policy learns it (measured in `docs/sim_tiny.md`).
 
 It works on token ids, so only words that are a single token (with and without a leading space, as variants) take
-part, and the recorded sequence keeps its length and image runs. Pixels are not recoloured: use it for SFT of a
-policy whose decisions are made from text (the offline world's `find_object` does the pixel work), never for GRPO,
-whose tokens must be exactly the ones sampled.
+part, and the recorded sequence keeps its length and image runs. Pixels are not recoloured: use it for a policy
+whose decisions are made from text (the offline world's `find_object` does the pixel work).
+
+GRPO can take it too (`per_unit=True`: one permutation for all the rows of a group, so they keep one shared
+context). The learner then scores the permuted tokens: the update raises (or lowers) the probability of writing
+*the permuted* sampled turn after *the permuted* context, with the advantage the real rollout earned. What earned
+the reward (which snippet's look was copied, and how faithfully) survives the permutation; the words themselves do
+not, so the update cannot make the policy recall a training task's look and has to act through copying. The
+tokens are no longer the sampled ones: use the learner's own log-probs as π_old (`old_logp="learner"`) and no
+sampler correction (`tis_cap=None`).
 """
 
 from __future__ import annotations
@@ -40,9 +47,11 @@ class TokenPermutation:
         groups: word groups; each group is a list of *variants*, each variant the token ids of the group's words in
             one spelling (e.g. [" red", " navy", …] and ["red", "navy", …]), all variants of a group the same length
             and aligned word for word. One permutation per group is drawn per row and applied to every variant.
+        per_unit: draw one table per call (a unit: a GRPO group's rows) instead of one per row.
     """
 
-    def __init__(self, groups: Sequence[Sequence[Sequence[int]]]):
+    def __init__(self, groups: Sequence[Sequence[Sequence[int]]], *, per_unit: bool = False):
+        self.per_unit = per_unit
         self.groups = []
         for g, variants in enumerate(groups):
             arrays = [np.asarray(v, np.int64) for v in variants]
@@ -79,10 +88,11 @@ class TokenPermutation:
 
     def __call__(self, rows: list[dict[str, Any]], rng: np.random.Generator) -> list[dict[str, Any]]:
         out = []
+        shared = self.table(rng) if self.per_unit else None
         for row in rows:
             row = dict(row)
-            row["input_ids"] = self.apply(np.asarray(row["input_ids"]), self.table(rng)).astype(
-                np.asarray(row["input_ids"]).dtype)
+            table = self.table(rng) if shared is None else shared
+            row["input_ids"] = self.apply(np.asarray(row["input_ids"]), table).astype(np.asarray(row["input_ids"]).dtype)
             out.append(row)
         return out
 

@@ -297,12 +297,13 @@ def trajectory_dataset(source: shards.TrajectorySource, *, spec: batching.BatchS
         window_batches: batches sorted by length together.
         shard_index, shard_count: this host and the number of hosts (default: JAX's process index and count).
         read_options: Grain reader threads and prefetch (default 2 threads, one batch of units buffered).
-        augment: an SFT-only random transform of each unit's rows (e.g. `data.augment.TokenPermutation`), drawn
-            from `seed` and the element's position so a restored iterator repeats it; GRPO data (`grpo_groups`)
-            must train on the exact sampled tokens, so it refuses one.
+        augment: a random transform of each unit's rows (e.g. `data.augment.TokenPermutation`), drawn from `seed`
+            and the element's position so a restored iterator repeats it. For GRPO groups it must transform a
+            group's rows alike (`per_unit=True`), so they keep one context.
     """
-    if augment is not None and grpo_groups:
-        raise ValueError("augment is for SFT data only: GRPO trains on exactly the sampled tokens")
+    if augment is not None and grpo_groups and not getattr(augment, "per_unit", False):
+        raise ValueError("augmenting GRPO groups needs one draw per group (e.g. TokenPermutation(per_unit=True)): "
+                         "a group's rows share their context")
     stats = filters.FilterStats() if stats is None else stats
     units = group_records(source) if grpo_groups else [(i,) for i in range(len(source))]
     load = LoadTrajectories(source, spec=spec, vision=vision, config=config, max_length=_max_length(config, spec),

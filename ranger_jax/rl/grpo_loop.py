@@ -214,13 +214,16 @@ def run(learner: learner_lib.Learner, *, shards_dir: str | os.PathLike, weights_
         filter_config: filters.FilterConfig = filters.FilterConfig(), tokenizer_dir: str | os.PathLike | None = None,
         actor_commands: Sequence[Sequence[str]] = (), actor_metrics: dict[str, str | os.PathLike] | None = None,
         actor_env: dict[str, str] | None = None, metrics: metrics_lib.MetricsWriter | None = None,
-        progress: bool = True, after_publish: Callable[[int, Any], Any] | None = None) -> GrpoResult:
+        progress: bool = True, after_publish: Callable[[int, Any], Any] | None = None,
+        augment: Callable[[list[dict[str, Any]], np.random.Generator], list[dict[str, Any]]] | None = None
+        ) -> GrpoResult:
     """Trains `learner` (objective "grpo") for `config.num_steps` rounds of actor data (see the module docstring).
 
     `actor_metrics` maps each actor's shard prefix to its `--metrics` file (how complete rounds are recognised);
     `actor_env` adds environment variables to the actor processes (e.g. `compilation_cache.enable`'s).
     `after_publish(version, folder)` runs after each published version, e.g. `SGLangWeightSync.update`, which makes
-    SGLang policy servers load it.
+    SGLang policy servers load it. `augment` transforms each group's rows before batching (one draw per group and
+    round: `data.augment.TokenPermutation(per_unit=True)`).
 
     Raises:
         ValueError: a learner whose objective is not "grpo".
@@ -270,7 +273,8 @@ def run(learner: learner_lib.Learner, *, shards_dir: str | os.PathLike, weights_
                 by_group[r.group_id].append(r.reward)
             zero_var = float(np.mean([np.ptp(v) < 1e-6 for v in by_group.values()])) if by_group else 0.0
             dataset = pipeline.trajectory_dataset(source, spec=spec, vision=vision, config=rules, stats=stats,
-                                                  grpo_groups=True, num_epochs=1)
+                                                  grpo_groups=True, num_epochs=1, augment=augment,
+                                                  seed=learner.step_count + skipped_rounds)
             step_metrics: dict[str, float] = {}
             for batch in _same_count(list(dataset), paths):
                 step_metrics = learner.step(batch)

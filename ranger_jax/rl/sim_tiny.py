@@ -15,7 +15,10 @@ Stages (each with a progress bar), all under one output folder:
    consistently through each row (`data.augment.content_words`): without it the policy memorises the training
    requests instead of copying from what it reads, and scores 0 on unseen tasks (`docs/sim_tiny.md`).
 4. **GRPO.** A decoupled actor process samples groups on the GRPO world with the latest published weights; the
-   learner streams its shards and publishes new weights every step (`rl.grpo_loop`).
+   learner streams its shards and publishes new weights every step (`rl.grpo_loop`). A group plays its first
+   turns once and samples the decision turn (`find_object`'s description) per member; the learner runs the shared
+   context once (`data.shared_prefix`) and, with `grpo_augment` (off by default), sees each group's content words
+   permuted as SFT did, so its update has to improve copying rather than recall the GRPO tasks' looks.
 5. **Evaluation.** Naive, teacher, oracle expert, SFT and GRPO policies on the held-out world with the env's one
    reward (`ToolEnv.score`); policies run greedy through the JAX sampler.
 
@@ -120,6 +123,12 @@ class SimTinyConfig:
     # the learner runs each group's shared context (the greedy turns before the sampled one) once and the members'
     # sampled turns as short rows continuing it (`data.shared_prefix`; exact): ~5x fewer learner tokens per step
     shared_prefix: bool = True
+    # the learner sees each GRPO group's content words permuted (one draw per group, the SFT permutation:
+    # `grpo_augmentation`), so an update cannot make the policy recall a GRPO task's look, only copy better; the
+    # tokens are then not the sampled ones, so no sampler correction (TIS) is applied. Off: measured from the seed-0
+    # SFT policy (docs/sim_tiny.md), held-out reward -0.010 (0.028) after 6 steps and -0.019 (0.029) after 18, no
+    # better than without (18 steps without: -0.010 (0.046), while +0.056 (0.041) on the GRPO tasks themselves)
+    grpo_augment: bool = False
     # control
     blind: bool = False
     progress: bool = True
@@ -334,19 +343,27 @@ def grpo_learner(config: SimTinyConfig, model: Any) -> learner_lib.Learner:
     """The GRPO learner: constant learning rate, π_old = the learner before the update, TIS for stale samples."""
     settings = learner_config.LearnerConfig(objective="grpo", learning_rate=config.grpo_learning_rate,
                                             schedule="constant", max_grad_norm=1.0, old_logp="learner",
-                                            agg="seq-mean-token-mean", clip_low=0.2, clip_high=0.28, tis_cap=2.0,
+                                            agg="seq-mean-token-mean", clip_low=0.2, clip_high=0.28,
+                                            tis_cap=None if config.grpo_augment else 2.0,
                                             temperature=config.temperature)
     return learner_lib.Learner(model, settings)
 
 
-def sft_augmentation(tokenizer: Any, source: shards.TrajectorySource) -> augment.TokenPermutation | None:
+def sft_augmentation(tokenizer: Any, source: shards.TrajectorySource, *,
+                     per_unit: bool = False) -> augment.TokenPermutation | None:
     """The SFT data's consistent permutation of every content word (`augment.content_words`): all word tokens of the
     vocabulary except the system prompt's, the templates of the teacher's turns and the words it only reads
-    (`augment.protected_ids`)."""
+    (`augment.protected_ids`). `per_unit`: one draw for a whole GRPO group (`grpo_augmentation`)."""
     episodes = ((source[i].token_ids, source[i].loss_mask) for i in range(len(source)))
     protected = augment.protected_ids(episodes, end_of_turn_id=tokenizer.im_end_id, fraction=SCAFFOLD_FRACTION)
     groups = augment.content_words(tokenizer, protected=protected)
-    return augment.TokenPermutation(groups) if groups else None
+    return augment.TokenPermutation(groups, per_unit=per_unit) if groups else None
+
+
+def grpo_augmentation(tokenizer: Any, sft_data: Path) -> augment.TokenPermutation | None:
+    """The SFT permutation (same protected scaffolding, read from the teacher's shards in `sft_data`), one draw per
+    GRPO group: the learner sees each group's words permuted, so its update cannot recall a GRPO task's look."""
+    return sft_augmentation(tokenizer, shards.TrajectorySource(sft_data), per_unit=True)
 
 
 def _pre_sft_learner(config: SimTinyConfig, model: Any) -> learner_lib.Learner:
@@ -406,9 +423,10 @@ def grpo_batch_spec(config: SimTinyConfig, tokenizer: Any) -> batching.BatchSpec
 
 
 def run_grpo(config: SimTinyConfig, model: Any, tokenizer_dir: Path, env_file: Path, grpo_world: Path, out: Path,
-             metrics: metrics_lib.MetricsWriter, actor_env: dict[str, str] | None = None
-             ) -> tuple[learner_lib.Learner, grpo_loop.GrpoResult]:
-    """GRPO from the SFT policy with one decoupled actor process (`actor_env`: its extra environment variables)."""
+             metrics: metrics_lib.MetricsWriter, actor_env: dict[str, str] | None = None,
+             augment: augment.TokenPermutation | None = None) -> tuple[learner_lib.Learner, grpo_loop.GrpoResult]:
+    """GRPO from the SFT policy with one decoupled actor process (`actor_env`: its extra environment variables;
+    `augment`: the permutation of each group's words the learner sees, `grpo_augmentation`)."""
     tokenizer = tokenizer_lib.load_tokenizer(tokenizer_dir)
     learner = grpo_learner(config, model)
     weights_dir, shards_dir = out / "weights", out / "grpo_shards"
@@ -422,7 +440,7 @@ def run_grpo(config: SimTinyConfig, model: Any, tokenizer_dir: Path, env_file: P
         config=grpo_loop.GrpoLoopConfig(num_steps=config.grpo_steps, max_staleness=config.max_staleness),
         vision=tiny_policy.VISION, tokenizer_dir=tokenizer_dir, actor_commands=[command],
         filter_config=filters.FilterConfig(trim_untrained_tail=True), actor_metrics={"actor0": actor_metrics},
-        actor_env=actor_env, metrics=metrics, progress=config.progress)
+        actor_env=actor_env, metrics=metrics, progress=config.progress, augment=augment)
     return learner, result
 
 
@@ -494,8 +512,9 @@ def run(config: SimTinyConfig, out: str | Path) -> dict[str, Any]:
         grpo_result = None
         if config.grpo_steps:
             with timed(timings, "grpo"):
+                permutation = grpo_augmentation(tokenizer, data_dir) if config.grpo_augment else None
                 grpo, grpo_result = run_grpo(config, sft_model, tokenizer_dir, env_file, worlds["grpo"], out,
-                                             metrics, actor_env)
+                                             metrics, actor_env, augment=permutation)
                 final_model = grpo.params_model()
         else:
             final_model = sft_model

@@ -1,5 +1,7 @@
-"""Consistent word permutation for SFT data (`data.augment`): per-row bijections, wired into the Grain pipeline."""
+"""Consistent word permutation (`data.augment`): per-row (SFT) or per-group (GRPO) bijections, wired into the Grain
+pipeline."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -117,11 +119,33 @@ def test_pipeline_rows_differ_from_the_record_only_by_a_permutation_and_resume_r
         np.testing.assert_array_equal(next(resumed)["input_ids"], want["input_ids"])
 
 
-def test_grpo_data_refuses_augmentation(recording_source):
+def test_grpo_groups_take_one_permutation_per_group(recording_source, tmp_path):
     _, source, spec = recording_source
-    with pytest.raises(ValueError, match="exactly the sampled tokens"):
+    with pytest.raises(ValueError, match="one draw per group"):
         pipeline.trajectory_dataset(source, spec=spec, vision=recorded.VISION, grpo_groups=True,
                                     augment=augment.TokenPermutation([[[1, 2]]]))
+    renderer = recorded.tiny_renderer(tmp_path / "tok", image_pad_id=IMAGE_PAD)
+    members = [recorded.record(renderer, seed=1, sample_seed=i, group_id="g", sample_index=i, reward=i / 4,
+                               turns=1)[0] for i in range(4)]
+    shards.write_shard(tmp_path / "a-00000.array_record", members)
+    group = _frequent_text_ids(members, 6)
+    dataset = pipeline.trajectory_dataset(shards.TrajectorySource(tmp_path), spec=dataclasses.replace(spec,
+                                          batch_size=4), vision=recorded.VISION, grpo_groups=True, seed=3,
+                                          augment=augment.TokenPermutation([[group]], per_unit=True),
+                                          num_epochs=1, shard_index=0, shard_count=1)
+    batch, = list(dataset)
+    mappings = []
+    for row in range(4):
+        got = batch["input_ids"][row, :int(batch["attention_mask"][row].sum())]
+        while got[-1] == IMAGE_PAD:
+            got = got[:-1]
+        original, = [t.token_ids[:got.size] for t in members if t.token_ids.size >= got.size
+                     and np.array_equal(t.token_ids[:got.size][~np.isin(got, group)], got[~np.isin(got, group)])]
+        mappings.append({old: new for old, new in zip(original.tolist(), got.tolist()) if old in group})
+    assert all(m == mappings[0] for m in mappings) and any(k != v for k, v in mappings[0].items())
+    # the rows still share their context token for token, so they share a prefix
+    common = min(len(m.token_ids) for m in members)
+    assert np.array_equal(batch["input_ids"][0, :20], batch["input_ids"][3, :20]) and common > 20
 
 
 def test_unusable_groups_can_be_skipped():

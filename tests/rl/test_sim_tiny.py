@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 MICRO = sim_tiny.SimTinyConfig(
     sft_worlds=1, tasks_per_world=4, grpo_tasks=4, eval_tasks=4, sft_steps=2, sft_batch=4, grpo_steps=2,
     copy_warmup_steps=2, first_turn_steps=2, copy_rehearsal=True, branch_turns=(0, 1),
-    grpo_tasks_per_step=1, group_size=2, max_new_tokens=24, progress=False, teacher_min_reward=0.0,
+    grpo_tasks_per_step=1, group_size=2, max_new_tokens=24, progress=False, teacher_min_reward=0.0, grpo_augment=True,
     size=tiny_policy.TinyPolicySize(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                     num_attention_heads=2, num_key_value_heads=1, head_dim=16, vocab_size=512,
                                     vision_depth=1, vision_hidden_size=16))
@@ -74,6 +74,12 @@ def test_grpo_ran_decoupled_with_versions_and_staleness(run):
         dataclasses.replace(MICRO, sample_turns=0)
     with pytest.raises(ValueError, match="branch_turns must be a non-empty tuple of ints >= 0"):
         dataclasses.replace(MICRO, branch_turns=(-1,))
+    # the learner ran the groups as shared-prefix batches, their words permuted per group
+    assert summary["config"]["shared_prefix"] is True and summary["config"]["grpo_augment"] is True
+    assert sim_tiny.SimTinyConfig().grpo_augment is False  # measured not to help (docs/sim_tiny.md)
+    with pytest.raises(ValueError, match="shared_prefix needs sample_turns=1"):
+        dataclasses.replace(MICRO, sample_turns=None)
+    assert dataclasses.replace(MICRO, sample_turns=None, shared_prefix=False).sample_turns is None
     assert (out / "weights" / "latest").read_text().strip() == "2"
     assert (out / "weights" / "STOP").exists()
 
