@@ -139,7 +139,7 @@ def test_steady_state_does_not_recompile(tiny, to_segments):
 
 def test_vision_ids_are_never_sampled(tiny):
     """With a head that makes vision placeholders the most likely ids, the sampler still picks text ids."""
-    sampler, config = tiny.sampler, tiny.config
+    sampler = tiny.sampler
     skewed = load(tiny.path)
     weight = np.asarray(skewed.lm_head.weight[...])
     head = np.zeros_like(weight)
