@@ -39,8 +39,6 @@ import numpy as np
 
 from ranger_jax.data import batching
 
-PREFIX_KEYS = ("prefix_input_ids", "prefix_attention_mask", "prefix_length", "prefix_index")
-
 
 def row_end(example: dict[str, Any], split: int) -> int:
     """Where a row's suffix ends: right after its last trained token (what follows changes no trained log-prob of a

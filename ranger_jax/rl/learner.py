@@ -11,6 +11,8 @@ placed in the sharding the model's partition rules give on `mesh`) and donates t
 model handed in is never invalidated. A batch (the learner batch contract: rows right-padded to T) is checked on the
 host before it is placed or compiled for: sizes that do not fit the mesh or `grad_accum_steps` are ValueErrors that
 name the field and the numbers. Rows go to the ("data", "fsdp") mesh axes; `jax.jit` compiles once per batch shape.
+A shared-prefix batch (`data.shared_prefix`) is taken the same way: its prefix rows and its suffix rows are each
+split over those axes (each process's `prefix_index` is offset to its own prefix rows of the global batch).
 """
 
 from __future__ import annotations

@@ -47,7 +47,6 @@ from ranger_jax.rl import learner_config, objectives, optim
 VISION_TOWER = "visual"  # the attribute holding the vision tower and its mergers (HF `model.visual`)
 ROW_KEYS = ("input_ids", "attention_mask", "loss_mask", "sampler_logp", "advantages", "row_valid", "ref_logp")
 IMAGE_KEYS = ("pixel_values", "image_grid_thw")
-PREFIX_KEYS = ("prefix_input_ids", "prefix_attention_mask", "prefix_length")  # [G, P] and [G]; prefix_index is [B]
 BATCH_AXES = ("data", "fsdp")  # mesh axes the rows of a batch are split over
 
 
