@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from ranger_jax.data import batching
+from ranger_jax.data import batching, examples
 
 
 def row_end(example: dict[str, Any], split: int) -> int:
@@ -80,19 +80,13 @@ def split_point(unit: Sequence[dict[str, Any]], *, image_pad_id: int | None) -> 
 
 
 def _prefix_example(example: dict[str, Any], split: int, spec: batching.BatchSpec) -> dict[str, Any]:
-    """The row's first `split` tokens with the images whose placeholders they hold (the images of the untrained
-    tail past the suffix go)."""
-    ids = np.asarray(example["input_ids"])[:split]
-    grids = np.asarray(example["image_grid_thw"]).reshape(-1, 3)
-    pixels = np.asarray(example["pixel_values"])
-    if spec.image_pad_id is not None and len(grids):
-        tokens = np.cumsum(grids.prod(axis=-1) // spec.merge_size ** 2)
-        kept = int(np.searchsorted(tokens, int(np.sum(ids == spec.image_pad_id)), side="right"))
-        pixels = pixels[:int(grids[:kept].prod(axis=-1).sum())]
-        grids = grids[:kept]
-    return {"input_ids": ids, "attention_mask": np.ones(split, np.int32), "loss_mask": np.zeros(split, np.float32),
-            "sampler_logp": np.zeros(split, np.float32), "policy_version": -1, "pixel_values": pixels,
-            "image_grid_thw": grids}
+    """The row's first `split` tokens with the images whose placeholders they hold (`examples.truncate`: the
+    images of the untrained tail past the suffix go), as an untrained row."""
+    if spec.image_pad_id is not None:
+        example = examples.truncate(example, split, image_pad_id=spec.image_pad_id, merge_size=spec.merge_size)
+    return {"input_ids": np.asarray(example["input_ids"])[:split], "attention_mask": np.ones(split, np.int32),
+            "loss_mask": np.zeros(split, np.float32), "sampler_logp": np.zeros(split, np.float32),
+            "policy_version": -1, "pixel_values": example["pixel_values"], "image_grid_thw": example["image_grid_thw"]}
 
 
 def _suffix_example(example: dict[str, Any], split: int, patch_features: int) -> dict[str, Any]:
