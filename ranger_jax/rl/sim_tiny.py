@@ -112,6 +112,9 @@ class SimTinyConfig:
     # measured from one SFT policy (held-out reward 0.275): 1e-4 -> 0.257, 3e-4 -> 0.221, 1e-3 -> 0 (docs/sim_tiny.md)
     grpo_learning_rate: float = 1e-4
     temperature: float = 1.0
+    # nucleus mass and top-k of the GRPO samples (1.0 / -1: the whole distribution)
+    top_p: float = 1.0
+    top_k: int = -1
     # turns each GRPO group may branch at (runner.RolloutConfig.branch_turns; (0,): whole episodes sampled) and how
     # many turns from there are sampled (None: all; the later ones are greedy, untrained context). Turn 2 is the
     # find_object description, where the SFT policy's held-out failures are (which snippet's look it copies).
@@ -152,6 +155,7 @@ class SimTinyConfig:
         if self.shared_prefix and self.sample_turns != 1:
             raise ValueError(f"SimTinyConfig.shared_prefix needs sample_turns=1 (a member's trained tokens are then "
                              f"text after the group's shared context); got sample_turns={self.sample_turns}")
+        policy_lib.SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)  # names the bad one
         if self.grpo_steps < 0:
             raise ValueError(f"SimTinyConfig.grpo_steps must be >= 0; got {self.grpo_steps}")
         if self.group_size < 2 and self.grpo_steps:
@@ -237,7 +241,8 @@ def train_tokenizer(config: SimTinyConfig, worlds: list[Path], out: Path) -> Any
 def rollout_config(config: SimTinyConfig, *, group_size: int = 1, greedy: bool = False,
                    seed: int = 0) -> runner.RolloutConfig:
     """How the run's episodes are rolled out (tiny images, short turns, blank observations when blind)."""
-    sampling = policy_lib.SamplingParams(temperature=0.0 if greedy else config.temperature, top_p=1.0)
+    sampling = (policy_lib.SamplingParams(temperature=0.0, top_p=1.0) if greedy else
+                policy_lib.SamplingParams(temperature=config.temperature, top_p=config.top_p, top_k=config.top_k))
     return runner.RolloutConfig(group_size=group_size, concurrency=16, seed=seed, episode=episode.EpisodeConfig(
         max_new_tokens=config.max_new_tokens, max_context_tokens=4096, sampling=sampling,
         vision=tiny_policy.VISION, blank_observations=config.blind))
@@ -305,7 +310,8 @@ def actor_command(config: SimTinyConfig, *, env_file: Path, grpo_world: Path, we
                "--policy", "jax", "--weights-dir", str(weights_dir), "--out", str(shards_dir), "--prefix", "actor0",
                "--group-size", str(config.group_size), "--tasks-per-round", str(config.grpo_tasks_per_step),
                "--concurrency", str(actor_rows(config)), "--records-per-shard", str(actor_rows(config)),
-               "--temperature", str(config.temperature), "--top-p", "1.0",
+               "--temperature", str(config.temperature), "--top-p", str(config.top_p),
+               "--top-k", str(config.top_k),
                "--max-new-tokens", str(config.max_new_tokens), "--max-context-tokens", "4096",
                "--min-pixels", str(vision.min_pixels), "--max-pixels", str(vision.max_pixels),
                "--seed", str(config.seed), "--run-id", "grpo", "--metrics", str(metrics_path), "--no-images",
