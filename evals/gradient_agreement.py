@@ -25,12 +25,14 @@ def main() -> None:
     parser.add_argument("--max-batches", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0, help="order of the groups")
     parser.add_argument("--temperature", type=float, default=1.0, help="the rollouts' sampling temperature")
+    parser.add_argument("--advantages", choices=("group", "prefix-tree"), default="group",
+                        help="one GRPO advantage per episode, or per token from the group's shared prefixes")
     parser.add_argument("--json", help="write the statistics here")
     args = parser.parse_args()
     try:
         result = diagnostics.measure_policy(args.policy, args.shards, batch_size=args.batch_size, seed=args.seed,
                                             max_batches=args.max_batches,
-                                            temperature=args.temperature)
+                                            temperature=args.temperature, advantages=args.advantages)
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"gradient_agreement: {err}") from err
     out = result.as_dict()

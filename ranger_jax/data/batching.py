@@ -9,6 +9,7 @@
     row_valid       [B] float32     0 for padding rows added to fill the batch
     policy_version  [B] int32       -1 for SFT rows and padding rows
     advantages      [B] float32     when the examples carry `advantage` (GRPO)
+    token_advantages [B, T] float32 when they also carry `token_advantage` (token-aligned, 0 on padding)
     pixel_values    [P, I] float32, image_grid_thw [N, 3] int32   when `spec.image_pad_id` is set
 
 T is the smallest of `spec.length_buckets` that holds every row (and the image padding, below).
@@ -182,6 +183,16 @@ def collate(examples: Sequence[dict[str, Any]], spec: BatchSpec) -> dict[str, np
         if ("advantage" in example) != grpo:
             raise ValueError(f"row {row} {'lacks' if grpo else 'carries'} an advantage but row 0 "
                              f"{'carries' if grpo else 'lacks'} one")
+    per_token = "token_advantage" in examples[0]
+    for row, example in enumerate(examples):
+        if ("token_advantage" in example) != per_token:
+            raise ValueError(f"row {row} {'lacks' if per_token else 'carries'} a token_advantage but row 0 "
+                             f"{'carries' if per_token else 'lacks'} one")
+        if per_token and not grpo:
+            raise ValueError(f"row {row} carries a token_advantage without an advantage")
+        if per_token and len(example["token_advantage"]) != len(example["input_ids"]):
+            raise ValueError(f"row {row}: token_advantage has {len(example['token_advantage'])} values for "
+                             f"{len(example['input_ids'])} tokens")
     lengths = [len(e["input_ids"]) for e in examples] + [0] * (batch - count)
 
     padding_grids = np.zeros((0, 3), np.int32)
@@ -205,6 +216,8 @@ def collate(examples: Sequence[dict[str, Any]], spec: BatchSpec) -> dict[str, np
     }
     if grpo:
         out["advantages"] = np.zeros(batch, np.float32)
+    if per_token:
+        out["token_advantages"] = np.zeros((batch, length), np.float32)
     for row, example in enumerate(examples):
         n = lengths[row]
         for key in ("input_ids", "attention_mask", "loss_mask", "sampler_logp"):
@@ -213,6 +226,8 @@ def collate(examples: Sequence[dict[str, Any]], spec: BatchSpec) -> dict[str, np
         out["policy_version"][row] = example["policy_version"]
         if grpo:
             out["advantages"][row] = example["advantage"]
+        if per_token:
+            out["token_advantages"][row, :n] = example["token_advantage"]
     if spec.image_pad_id is None:
         return out
 

@@ -111,6 +111,9 @@ class LoadSftRows:
         return [] if example is None else [example]
 
 
+ADVANTAGE_ESTIMATORS = ("group", "prefix-tree")
+
+
 class WindowBatchIterDataset(grain.IterDataset):
     """Length-bucketed, fixed-size batches from a stream of units (lists of examples); see the module docstring.
 
@@ -120,16 +123,23 @@ class WindowBatchIterDataset(grain.IterDataset):
         config: staleness rule (termination and length were applied upstream).
         stats: where dropped / flagged rows are counted.
         group_advantages: compute GRPO advantages per unit (each unit one group).
+        advantages: "group" (one advantage per row, `grpo.group_advantages`) or "prefix-tree" (also one per token,
+            `grpo.prefix_tree_advantages`: `token_advantages` in the batch); only with `group_advantages`.
         window_batches: batches per window.
         seed: seeds the batch order inside each window.
     """
 
     def __init__(self, parent: grain.IterDataset, *, spec: batching.BatchSpec, config: filters.FilterConfig,
-                 stats: filters.FilterStats, group_advantages: bool, window_batches: int = DEFAULT_WINDOW_BATCHES,
-                 seed: int = 0):
+                 stats: filters.FilterStats, group_advantages: bool, advantages: str = "group",
+                 window_batches: int = DEFAULT_WINDOW_BATCHES, seed: int = 0):
         super().__init__(parent)
         if window_batches < 1:
             raise ValueError(f"window_batches must be >= 1, got {window_batches}")
+        if advantages not in ADVANTAGE_ESTIMATORS:
+            raise ValueError(f"unknown advantages {advantages!r}; known: {list(ADVANTAGE_ESTIMATORS)}")
+        if advantages != "group" and not group_advantages:
+            raise ValueError(f"advantages={advantages!r} needs GRPO groups (group_advantages=True)")
+        self.advantages = advantages
         self.spec, self.config, self.stats = spec, config, stats
         self.group_advantages, self.window_batches, self.seed = group_advantages, window_batches, seed
 
@@ -191,6 +201,11 @@ class _WindowBatchIterator(grain.DatasetIterator):
                                                valid=np.array(valid))
             for row, advantage in zip(rows, advantages):
                 row["advantage"] = np.float32(advantage)
+            if self._ds.advantages == "prefix-tree":
+                per_token = grpo.prefix_tree_advantages([r["input_ids"] for r in rows], [r["reward"] for r in rows],
+                                                        valid=np.array(valid))
+                for row, advantage in zip(rows, per_token):
+                    row["token_advantage"] = advantage
         return rows
 
     def _read_window(self, version: int) -> None:
@@ -281,7 +296,7 @@ def trajectory_dataset(source: shards.TrajectorySource, *, spec: batching.BatchS
                        window_batches: int = DEFAULT_WINDOW_BATCHES, shard_index: int | None = None,
                        shard_count: int | None = None, read_options: grain.ReadOptions | None = None,
                        augment: Callable[[list[dict[str, Any]], np.random.Generator], list[dict[str, Any]]]
-                       | None = None) -> WindowBatchIterDataset:
+                       | None = None, advantages: str = "group") -> WindowBatchIterDataset:
     """Batches of recorded trajectories: exact tokens, masks, sampler log-probs and pixels.
 
     Args:
@@ -300,6 +315,7 @@ def trajectory_dataset(source: shards.TrajectorySource, *, spec: batching.BatchS
         augment: a random transform of each unit's rows (e.g. `data.augment.TokenPermutation`), drawn from `seed`
             and the element's position so a restored iterator repeats it. For GRPO groups it must transform a
             group's rows alike (`per_unit=True`), so they keep one context.
+        advantages: "group" or "prefix-tree" (GRPO groups only; `WindowBatchIterDataset`).
     """
     if augment is not None and grpo_groups and not getattr(augment, "per_unit", False):
         raise ValueError("augmenting GRPO groups needs one draw per group (e.g. TokenPermutation(per_unit=True)): "
@@ -315,7 +331,7 @@ def trajectory_dataset(source: shards.TrajectorySource, *, spec: batching.BatchS
         loaded = loaded.random_map(augment, seed=seed)
     stream = loaded.to_iter_dataset(_read_options(read_options, spec))
     return WindowBatchIterDataset(stream, spec=spec, config=config, stats=stats, group_advantages=grpo_groups,
-                                  window_batches=window_batches, seed=seed)
+                                  advantages=advantages, window_batches=window_batches, seed=seed)
 
 
 def sft_dataset(sft: sft_file.SftFile, *, renderer: chat.ChatRenderer, spec: batching.BatchSpec,

@@ -18,7 +18,7 @@ The split of a unit (the rows of one group) is `s = min(common prefix length, fi
   the sampled turns are text after the shared context (e.g. `RolloutConfig.sample_turns`), not whole episodes.
 
 Batch keys: `batching.collate`'s row keys for the suffixes (input_ids, attention_mask, loss_mask, sampler_logp,
-row_valid, policy_version, advantages), each suffix row starting at its unit's token s; and
+row_valid, policy_version, advantages, token_advantages), each suffix row starting at its unit's token s; and
 
     prefix_input_ids       [G, P] int32   the prefixes, right-padded (image padding placeholders included)
     prefix_attention_mask  [G, P] int32   1 on real tokens and on the image padding's placeholders
@@ -97,6 +97,8 @@ def _suffix_example(example: dict[str, Any], split: int, patch_features: int) ->
     out["image_grid_thw"] = np.zeros((0, 3), np.int32)
     if "advantage" in example:
         out["advantage"] = example["advantage"]
+    if "token_advantage" in example:
+        out["token_advantage"] = np.asarray(example["token_advantage"])[split:end]
     return out
 
 

@@ -104,13 +104,14 @@ def length_buckets(lengths: Iterable[int], headroom: int, smallest: int = 512) -
 
 
 def measure_policy(policy_dir: str, shards_location: str | Sequence[str], *, batch_size: int, seed: int = 0,
-                   max_batches: int | None = None, agg: str = "seq-mean-token-mean", temperature: float = 1.0
-                   ) -> GradientAgreement:
+                   max_batches: int | None = None, agg: str = "seq-mean-token-mean", temperature: float = 1.0,
+                   advantages: str = "group") -> GradientAgreement:
     """The agreement of GRPO gradients of a checkpoint on recorded GRPO groups (trajectory shards), nothing updated.
 
     Batches are whole groups with their GRPO advantages (`data.pipeline.trajectory_dataset`), one pass in a seeded
     order; images are prepared with the bounds the checkpoint records (`ranger_env.json`), else the defaults.
-    `temperature` is the rollouts' (the learner's log-probs are taken at it, `LearnerConfig.temperature`).
+    `temperature` is the rollouts' (the learner's log-probs are taken at it, `LearnerConfig.temperature`);
+    `advantages` is the estimator ("group" or "prefix-tree", `pipeline.trajectory_dataset`).
 
     Raises:
         ValueError: no shards, fewer than 4 batches, or bad settings.
@@ -134,6 +135,7 @@ def measure_policy(policy_dir: str, shards_location: str | Sequence[str], *, bat
     learner = learner_lib.Learner(qwen3_vl.load(policy_dir), learner_config.LearnerConfig(
         objective="grpo", old_logp="learner", agg=agg, temperature=temperature))
     dataset = pipeline.trajectory_dataset(source, spec=spec, vision=vision, config=filters.FilterConfig(),
-                                          stats=filters.FilterStats(), grpo_groups=True, num_epochs=1, seed=seed)
+                                          stats=filters.FilterStats(), grpo_groups=True, num_epochs=1, seed=seed,
+                                          advantages=advantages)
     batches = (batch for i, batch in enumerate(dataset) if max_batches is None or i < max_batches)
     return measure(learner, batches)

@@ -60,8 +60,14 @@ class GrpoLoopConfig:
     data_timeout_s: float = 600.0  # waiting this long for a round is an error (actors dead or stuck)
     publish_keep: int = 3  # weight versions kept on disk
     stop_timeout_s: float = 120.0  # how long actors get to finish their round once stopped
+    # "group": one GRPO advantage per row; "prefix-tree": per token, from the group's tree of shared prefixes
+    # (`grpo.prefix_tree_advantages`: only tokens where members took different ways carry a signal)
+    advantages: str = "group"
 
     def __post_init__(self):
+        if self.advantages not in pipeline.ADVANTAGE_ESTIMATORS:
+            raise ValueError(f"GrpoLoopConfig.advantages must be one of {list(pipeline.ADVANTAGE_ESTIMATORS)}; "
+                             f"got {self.advantages!r}")
         if self.num_steps < 1:
             raise ValueError(f"GrpoLoopConfig.num_steps must be >= 1; got {self.num_steps}")
         if self.max_staleness < 0:
@@ -187,8 +193,9 @@ def _blank(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     out = dict(batch)
     out["row_valid"] = np.zeros_like(batch["row_valid"])
     out["loss_mask"] = np.zeros_like(batch["loss_mask"])
-    if "advantages" in out:
-        out["advantages"] = np.zeros_like(batch["advantages"])
+    for key in ("advantages", "token_advantages"):
+        if key in out:
+            out[key] = np.zeros_like(batch[key])
     return out
 
 
@@ -274,6 +281,7 @@ def run(learner: learner_lib.Learner, *, shards_dir: str | os.PathLike, weights_
             zero_var = float(np.mean([np.ptp(v) < 1e-6 for v in by_group.values()])) if by_group else 0.0
             dataset = pipeline.trajectory_dataset(source, spec=spec, vision=vision, config=rules, stats=stats,
                                                   grpo_groups=True, num_epochs=1, augment=augment,
+                                                  advantages=config.advantages,
                                                   seed=learner.step_count + skipped_rounds)
             step_metrics: dict[str, float] = {}
             for batch in _same_count(list(dataset), paths):

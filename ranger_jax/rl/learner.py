@@ -45,7 +45,7 @@ __all__ = ["Learner", "LearnerConfig", "check_batch", "place_model"]
 log = logging.getLogger(__name__)
 
 _ROW_DTYPES = {"input_ids": np.int32, "attention_mask": np.int32, "loss_mask": np.float32, "sampler_logp": np.float32,
-               "advantages": np.float32, "row_valid": np.float32}
+               "advantages": np.float32, "token_advantages": np.float32, "row_valid": np.float32}
 _IMAGE_DTYPES = {"pixel_values": np.float32, "image_grid_thw": np.int32}
 _REQUIRED = {"sft": ("input_ids", "attention_mask", "loss_mask"),
              "grpo": ("input_ids", "attention_mask", "loss_mask", "sampler_logp", "advantages")}
@@ -110,12 +110,14 @@ def check_batch(batch: Mapping[str, Any], config: LearnerConfig, model_config: m
     if ids.ndim != 2:
         raise ValueError(f"batch input_ids must be [B, T], got shape {ids.shape}")
     rows = ids.shape[0]
-    for key in ("attention_mask", "loss_mask", "sampler_logp"):
+    for key in ("attention_mask", "loss_mask", "sampler_logp", "token_advantages"):
         if key in batch and np.shape(batch[key]) != ids.shape:
             raise ValueError(f"batch {key} has shape {np.shape(batch[key])}, input_ids has {ids.shape}")
     for key in ("advantages", "row_valid", "policy_version"):
         if key in batch and np.shape(batch[key]) != (rows,):
             raise ValueError(f"batch {key} has shape {np.shape(batch[key])}, expected ({rows},) (one per row)")
+    if "token_advantages" in batch and config.objective != "grpo":
+        raise ValueError(f"batch token_advantages is a GRPO key; objective is {config.objective!r}")
     if train_step_lib.is_shared_prefix(batch):
         _check_shared(batch, config, model_config, mesh)
         return

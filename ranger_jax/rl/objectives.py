@@ -98,7 +98,8 @@ def grpo_loss(model: model_lib.Qwen3VL, hidden: jax.Array, batch: Mapping[str, j
     trained = trained_positions(batch)
     logp = token_logprobs(model, hidden, batch, temperature=config.temperature)
     old_logp = batch["sampler_logp"] if config.old_logp == "sampler" else jax.lax.stop_gradient(logp)
-    loss, metrics = grpo.policy_loss(logp, old_logp, batch["advantages"], trained, clip_low=config.clip_low,
+    advantages = batch.get("token_advantages", batch["advantages"])  # per token when the batch has them
+    loss, metrics = grpo.policy_loss(logp, old_logp, advantages, trained, clip_low=config.clip_low,
                                      clip_high=config.clip_high, clip_dual=config.clip_dual, agg=config.agg,
                                      ref_logp=batch.get("ref_logp"), kl_coef=config.kl_coef,
                                      sampler_logp=batch["sampler_logp"], tis_cap=config.tis_cap)

@@ -123,6 +123,8 @@ class SimTinyConfig:
     branch_turns: tuple[int, ...] = (2,)
     sample_turns: int | None = 1
     max_staleness: int = 2
+    # GRPO advantages: "group" (one per episode) or "prefix-tree" (per token, from the group's shared prefixes)
+    advantages: str = "group"
     # the learner runs each group's shared context (the greedy turns before the sampled one) once and the members'
     # sampled turns as short rows continuing it (`data.shared_prefix`; exact): ~5x fewer learner tokens per step
     shared_prefix: bool = True
@@ -155,7 +157,12 @@ class SimTinyConfig:
         if self.shared_prefix and self.sample_turns != 1:
             raise ValueError(f"SimTinyConfig.shared_prefix needs sample_turns=1 (a member's trained tokens are then "
                              f"text after the group's shared context); got sample_turns={self.sample_turns}")
-        policy_lib.SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)  # names the bad one
+        try:
+            policy_lib.SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
+        except ValueError as error:
+            raise ValueError(f"SimTinyConfig sampling of the GRPO rollouts: {error}") from None
+        if self.advantages not in ("group", "prefix-tree"):
+            raise ValueError(f"SimTinyConfig.advantages must be 'group' or 'prefix-tree'; got {self.advantages!r}")
         if self.grpo_steps < 0:
             raise ValueError(f"SimTinyConfig.grpo_steps must be >= 0; got {self.grpo_steps}")
         if self.group_size < 2 and self.grpo_steps:
@@ -443,7 +450,8 @@ def run_grpo(config: SimTinyConfig, model: Any, tokenizer_dir: Path, env_file: P
     result = grpo_loop.run(
         learner, shards_dir=shards_dir, weights_dir=weights_dir,
         spec=grpo_batch_spec(config, tokenizer),
-        config=grpo_loop.GrpoLoopConfig(num_steps=config.grpo_steps, max_staleness=config.max_staleness),
+        config=grpo_loop.GrpoLoopConfig(num_steps=config.grpo_steps, max_staleness=config.max_staleness,
+                                        advantages=config.advantages),
         vision=tiny_policy.VISION, tokenizer_dir=tokenizer_dir, actor_commands=[command],
         filter_config=filters.FilterConfig(trim_untrained_tail=True), actor_metrics={"actor0": actor_metrics},
         actor_env=actor_env, metrics=metrics, progress=config.progress, augment=augment)

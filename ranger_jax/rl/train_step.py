@@ -45,7 +45,8 @@ from ranger_jax.parallel import rules as rules_lib
 from ranger_jax.rl import learner_config, objectives, optim
 
 VISION_TOWER = "visual"  # the attribute holding the vision tower and its mergers (HF `model.visual`)
-ROW_KEYS = ("input_ids", "attention_mask", "loss_mask", "sampler_logp", "advantages", "row_valid", "ref_logp")
+ROW_KEYS = ("input_ids", "attention_mask", "loss_mask", "sampler_logp", "advantages", "token_advantages", "row_valid",
+            "ref_logp")
 IMAGE_KEYS = ("pixel_values", "image_grid_thw")
 BATCH_AXES = ("data", "fsdp")  # mesh axes the rows of a batch are split over
 
@@ -296,8 +297,9 @@ def train_step(state: TrainState, batch: Mapping[str, jax.Array]) -> tuple[Train
     Args:
         state: the current TrainState.
         batch: the learner batch ("input_ids", "attention_mask", "loss_mask" [B, T]; "row_valid" [B]; GRPO adds
-            "sampler_logp" [B, T], "advantages" [B] and, with kl_coef > 0, "ref_logp" [B, T]; optional
-            "pixel_values" and "image_grid_thw"), already checked by the caller (`learner.check_batch`).
+            "sampler_logp" [B, T], "advantages" [B] (or "token_advantages" [B, T], used instead), and with kl_coef > 0
+            "ref_logp" [B, T]; optional "pixel_values" and "image_grid_thw"), already checked by the caller
+            (`learner.check_batch`).
 
     Returns:
         (new state, metrics): float32 scalars "loss", "grad_norm" (before clipping), "learning_rate" (of this

@@ -15,6 +15,7 @@ from support import recorded
 from ranger_jax.data import batching, examples, filters, pipeline, shards
 from ranger_jax.models.qwen3_vl import Qwen3VLConfig
 from ranger_jax.models.qwen3_vl.model import check_inputs
+from ranger_jax.rl import grpo
 
 IMAGE_PAD = 40
 GROUPS, G = 4, 3
@@ -171,6 +172,26 @@ def test_grpo_advantages_are_normalised_within_each_group(source, recordings, sp
         np.testing.assert_allclose([got[i] for i in range(G * g, G * g + G)], expected, rtol=1e-6)
 
 
+def test_prefix_tree_advantages_are_per_token_and_follow_each_groups_tree(source, recordings, spec):
+    dataset = pipeline.trajectory_dataset(source, spec=spec, vision=recorded.VISION, num_epochs=1, shard_index=0,
+                                          shard_count=1, advantages="prefix-tree")
+    found = rows_of(dataset, recordings)
+    for g in range(GROUPS):
+        members = range(G * g, G * g + G)
+        expected = grpo.prefix_tree_advantages([recordings[i][0].token_ids for i in members],
+                                               np.arange(G * g, G * g + G) / 16)
+        assert any(a.any() for a in expected)
+        for i, want in zip(members, expected):
+            batch, row = found[i]
+            got = batch["token_advantages"][row]
+            np.testing.assert_allclose(got[:len(want)], want, rtol=1e-6)  # rows hold whole recordings here
+            assert not got[len(want):].any()  # padding (and the image padding's placeholders) carry nothing
+    with pytest.raises(ValueError, match=r"unknown advantages 'tree'; known: \['group', 'prefix-tree'\]"):
+        pipeline.trajectory_dataset(source, spec=spec, advantages="tree")
+    with pytest.raises(ValueError, match=r"advantages='prefix-tree' needs GRPO groups"):
+        pipeline.trajectory_dataset(source, spec=spec, grpo_groups=False, advantages="prefix-tree")
+
+
 @pytest.mark.parametrize("emitted", [1, 2, 3, 6])
 def test_resumed_iterator_yields_exactly_the_next_batches(source, spec, emitted):
     def dataset():
@@ -315,6 +336,19 @@ def test_shared_prefix_batches_hold_each_groups_context_once(renderer, spec, tmp
             assert np.sum(prefix == IMAGE_PAD) == np.sum(trajectory.token_ids[:len(full)] == IMAGE_PAD)
             seen.append(found[0])
     assert sorted(seen) == list(range(9))
+    tree = pipeline.trajectory_dataset(shards.TrajectorySource(tmp_path), spec=shared, vision=recorded.VISION,
+                                       num_epochs=1, shard_index=0, shard_count=1, advantages="prefix-tree")
+    for batch in batches(tree):
+        for row in np.flatnonzero(batch["row_valid"]):
+            index = batch["prefix_index"][row]
+            split = batch["prefix_length"][index]
+            suffix = batch["input_ids"][row, :int(batch["attention_mask"][row].sum())]
+            full = np.concatenate([batch["prefix_input_ids"][index, :split], suffix])
+            number = next(i for i, (t, _) in enumerate(recordings) if np.array_equal(full, t.token_ids[:len(full)]))
+            members = [t for t, _ in recordings if t.group_id == recordings[number][0].group_id]
+            cut = [t.token_ids[:np.flatnonzero(t.loss_mask)[-1] + 1] for t in members]  # rows as trimmed
+            want = grpo.prefix_tree_advantages(cut, [t.reward for t in members])[members.index(recordings[number][0])]
+            np.testing.assert_allclose(batch["token_advantages"][row, :len(suffix)], want[split:], rtol=1e-6)
     mixed = dataclasses.replace(shared, batch_size=4)  # a group of 3 and its neighbour do not fit one batch of 4
     assert all(int(b["row_valid"].sum()) == G for b in batches(pipeline.trajectory_dataset(
         shards.TrajectorySource(tmp_path), spec=mixed, vision=recorded.VISION, num_epochs=1, shard_index=0,

@@ -46,7 +46,7 @@ def loop_policy_loss(logp, old, adv, mask, *, clip_low=0.2, clip_high=0.28, clip
         for t in range(length):
             if not mask[b][t]:
                 continue
-            a = adv[b]
+            a = adv[b][t] if isinstance(adv[b], list) else adv[b]  # per token, or one per row
             lr = _clamp(logp[b][t] - old[b][t])
             ratio = math.exp(lr)
             clipped = min(max(ratio, 1 - clip_low), 1 + clip_high)
@@ -217,6 +217,124 @@ def test_policy_loss_and_metrics_match_loops(agg, option):
     assert float(ours["clip_frac_low"]) > 0 and float(ours["clip_frac_high"]) > 0
 
 
+@pytest.mark.parametrize("option", sorted(OPTIONS))
+@pytest.mark.parametrize("agg", sorted(grpo.AGGREGATIONS))
+def test_policy_loss_with_per_token_advantages_matches_loops(agg, option):
+    inputs, ref, sampler = _batch(seed=3)
+    rng = np.random.default_rng(5)
+    inputs["advantages"] = rng.normal(0.0, 1.0, inputs["logp"].shape)  # [B, T], signs mixed within rows
+    option = dict(OPTIONS[option])
+    ref = ref if option.pop("ref", False) else None
+    sampler = sampler if option.pop("sampler", False) else None
+    value, metrics = loop_policy_loss(*(inputs[k].tolist() for k in ("logp", "old_logp", "advantages", "mask")),
+                                      agg=agg, ref=None if ref is None else ref.tolist(),
+                                      sampler=None if sampler is None else sampler.tolist(), **option)
+    extra = {k: jnp.asarray(v, jnp.float32) for k, v in (("ref_logp", ref), ("sampler_logp", sampler))
+             if v is not None}
+    loss, ours = grpo.policy_loss(**{k: jnp.asarray(v, jnp.float32) for k, v in inputs.items()}, **extra, agg=agg,
+                                  **option)
+    assert float(loss) == pytest.approx(value, rel=1e-5, abs=1e-6)
+    for name, theirs in metrics.items():
+        assert float(ours[name]) == pytest.approx(theirs, rel=1e-5, abs=1e-6), name
+
+
+def test_per_token_advantages_equal_to_the_row_value_give_the_row_loss():
+    inputs, _, _ = _batch()
+    arrays = {k: jnp.asarray(v, jnp.float32) for k, v in inputs.items()}
+    tiled = jnp.broadcast_to(arrays["advantages"][:, None], arrays["logp"].shape)
+    for agg in grpo.AGGREGATIONS:
+        row, _ = grpo.policy_loss(**arrays, agg=agg, clip_dual=3.0)
+        token, _ = grpo.policy_loss(**{**arrays, "advantages": tiled}, agg=agg, clip_dual=3.0)
+        assert float(token) == float(row)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Prefix-tree advantages
+
+
+def loop_prefix_tree(token_ids, rewards, valid, eps=1e-6):
+    """Token by token, with explicit member sets: A_i[t] = (mean r over S_i(t) - mean r over S_i(t-1)) / std."""
+    members = [j for j in range(len(token_ids)) if valid[j]]
+    out = [[0.0] * len(ids) for ids in token_ids]
+    if len(members) < 2:
+        return out
+    scores = [rewards[j] for j in members]
+    mean = sum(scores) / len(scores)
+    std = math.sqrt(sum((r - mean) ** 2 for r in scores) / (len(scores) - 1))
+
+    def value(i, t):  # mean reward of the valid members sharing member i's tokens 0..t
+        same = [j for j in members if len(token_ids[j]) > t and list(token_ids[j][:t + 1]) == list(token_ids[i][:t + 1])]
+        return sum(rewards[j] for j in same) / len(same)
+
+    for i in members:
+        for t in range(len(token_ids[i])):
+            before = mean if t == 0 else value(i, t - 1)
+            out[i][t] = (value(i, t) - before) / (std + eps)
+    return out
+
+
+def _tree_group(seed, size=8, length=12, vocab=3):
+    """Members that share a random prefix, then branch over a tiny vocabulary (so sub-branches share too)."""
+    rng = np.random.default_rng(seed)
+    stem = rng.integers(0, 50, rng.integers(0, 6))
+    rows = [np.concatenate([stem, rng.integers(0, vocab, rng.integers(1, length))]) for _ in range(size)]
+    rows[1] = rows[0].copy()  # two identical members
+    rows[2] = rows[0][:max(1, len(rows[0]) - 2)].copy()  # a strict prefix of another member
+    rewards = rng.random(size).round(1)
+    rewards[1] = rewards[0]
+    return rows, rewards
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_prefix_tree_advantages_match_loops(seed):
+    rows, rewards = _tree_group(seed)
+    valid = np.random.default_rng(seed + 100).random(len(rows)) > 0.2
+    ours = grpo.prefix_tree_advantages(rows, rewards, valid=valid)
+    theirs = loop_prefix_tree(rows, rewards, valid)
+    assert [len(a) for a in ours] == [len(r) for r in rows]
+    for i, (a, b) in enumerate(zip(ours, theirs)):
+        assert a.dtype == np.float32
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=f"member {i}")
+        if not valid[i]:
+            assert not a.any()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_prefix_tree_advantages_sum_to_the_group_advantage(seed):
+    rows, _ = _tree_group(seed)
+    rows = [np.append(r, 99) for r in rows]  # each ends in an end token, as a turn does: no row is another's prefix
+    # the reward is a function of the tokens (a deterministic environment): equal rows score alike
+    rewards = np.array([float(np.sum(r) % 3) for r in rows])
+    tree = grpo.prefix_tree_advantages(rows, rewards)
+    group = grpo.group_advantages(rewards, np.zeros(len(rows)))
+    np.testing.assert_allclose([a.sum() for a in tree], group, rtol=1e-4, atol=1e-5)
+    shared = next(t for t in range(100) if len({tuple(r[:t + 1]) for r in rows}) > 1)  # first branching token
+    assert all(not a[:shared].any() for a in tree)  # tokens every member agrees on carry no signal
+
+
+def test_prefix_tree_advantages_of_degenerate_groups_are_zero():
+    rows = [np.array([1, 2, 3]), np.array([1, 4]), np.array([5])]
+    assert all(not a.any() for a in grpo.prefix_tree_advantages(rows, [1.0, 0.0, 1.0], valid=[True, False, False]))
+    assert all(not a.any() for a in grpo.prefix_tree_advantages(rows, [0.5, 0.5, 0.5]))
+    assert grpo.prefix_tree_advantages([], []) == []
+    # invalid members neither get a signal nor shift the others' (a NaN reward included)
+    kept = grpo.prefix_tree_advantages(rows[:2], [1.0, 0.0])
+    with_invalid = grpo.prefix_tree_advantages(rows, [1.0, 0.0, float("nan")], valid=[True, True, False])
+    for a, b in zip(kept, with_invalid):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("args, match", [
+    (([np.zeros((2, 2))], [1.0]), r"token_ids\[0\] must be 1-D, got shape \(2, 2\)"),
+    (([np.zeros(2), np.zeros(3)], [1.0]), r"rewards shape \(1,\) != \(2,\)"),
+])
+def test_prefix_tree_advantages_reject_bad_shapes(args, match):
+    with pytest.raises(ValueError, match=match):
+        grpo.prefix_tree_advantages(*args)
+    with pytest.raises(ValueError, match=r"valid shape \(1,\) != \(2,\)"):
+        grpo.prefix_tree_advantages([np.zeros(2), np.zeros(3)], [1.0, 0.0], valid=[True])
+
+
 def test_policy_loss_gradient_matches_central_differences_of_loops():
     arrays, extra, option, _ = _call_both("seq-mean-token-mean", "all")
     inputs, ref, sampler = _batch()
@@ -290,7 +408,7 @@ def test_no_counted_token_gives_zero_loss_and_metrics():
                           r"'token-mean'\]"),
     (dict(old_logp=jnp.zeros((2, 4))), r"old_logp shape \(2, 4\) != logp shape \(2, 3\)"),
     (dict(mask=jnp.zeros((3, 3))), r"mask shape \(3, 3\) != logp shape \(2, 3\)"),
-    (dict(advantages=jnp.zeros((2, 1))), r"advantages shape \(2, 1\) != \(2,\)"),
+    (dict(advantages=jnp.zeros((2, 1))), r"advantages shape \(2, 1\) is neither \(2,\) nor \(2, 3\)"),
     (dict(logp=jnp.zeros(3)), r"logp must be \[B, T\], got shape \(3,\)"),
     (dict(ref_logp=jnp.zeros((2, 2))), r"ref_logp shape \(2, 2\) != logp shape \(2, 3\)"),
     (dict(sampler_logp=jnp.zeros((1, 3))), r"sampler_logp shape \(1, 3\) != logp shape"),

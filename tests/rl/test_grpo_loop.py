@@ -6,6 +6,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 from ranger_jax.rl import grpo_loop
 
 
@@ -71,3 +73,11 @@ def test_every_learner_process_takes_as_many_steps_as_the_busiest(monkeypatch):
 def test_a_round_with_nothing_trainable_gives_no_batches():
     # e.g. the blind control's rounds, where every group's rewards are equal and the filters keep no row
     assert grpo_loop._same_count([], []) == []
+
+
+def test_loop_config_errors_name_the_field():
+    with pytest.raises(ValueError, match=r"GrpoLoopConfig.advantages must be one of \['group', 'prefix-tree'\]; "
+                                         r"got 'tree'"):
+        grpo_loop.GrpoLoopConfig(num_steps=1, advantages="tree")
+    with pytest.raises(ValueError, match=r"GrpoLoopConfig.num_steps must be >= 1; got 0"):
+        grpo_loop.GrpoLoopConfig(num_steps=0)

@@ -10,6 +10,7 @@ import pytest
 from ranger_jax.data import batching, shared_prefix
 from ranger_jax.models.qwen3_vl import load
 from ranger_jax.parallel import mesh as mesh_lib
+from ranger_jax.rl import grpo
 from ranger_jax.rl.learner import Learner, LearnerConfig, check_batch
 from support.learner_batches import CONFIG
 
@@ -91,6 +92,35 @@ def test_shared_prefix_step_equals_the_full_rows(tiny_checkpoint, units, learner
     np.testing.assert_allclose(b.logprobs(plain), a.logprobs(plain), atol=1e-5)
 
 
+def with_tree_advantages(units, seed=0):
+    """The units' rows with random rewards and their prefix-tree advantages (`token_advantage`, per token)."""
+    rng, out = np.random.default_rng(seed), []
+    for unit in units:
+        rewards = rng.random(len(unit)).round(1)
+        per_token = grpo.prefix_tree_advantages([r["input_ids"] for r in unit], rewards)
+        row = grpo.group_advantages(rewards, np.zeros(len(unit)))
+        out.append([{**r, "advantage": np.float32(a), "token_advantage": t} for r, a, t in zip(unit, row, per_token)])
+    return out
+
+
+def test_per_token_advantages_on_shared_prefixes_equal_the_full_rows(tiny_checkpoint, units):
+    tree = with_tree_advantages(units)
+    plain = batching.collate([r for u in tree for r in u], PLAIN)
+    shared = shared_prefix.collate_shared(tree, SHARED)
+    assert shared["token_advantages"].shape == shared["input_ids"].shape
+    a, b = Learner(load(tiny_checkpoint), KL_TIS), Learner(load(tiny_checkpoint), KL_TIS)
+    per_token = a.gradient(plain)
+    np.testing.assert_allclose(b.gradient(shared), per_token, rtol=1e-4, atol=1e-6)
+    # the learner reads them: the row advantages alone give another gradient, and tiling them gives theirs
+    rows_only = {k: v for k, v in plain.items() if k != "token_advantages"}
+    assert not np.allclose(a.gradient(rows_only), per_token, rtol=1e-3, atol=1e-6)
+    tiled = {**rows_only, "token_advantages": np.broadcast_to(plain["advantages"][:, None], plain["input_ids"].shape)}
+    np.testing.assert_allclose(a.gradient(tiled), a.gradient(rows_only), rtol=1e-5, atol=1e-7)
+    full, short = a.step(plain), b.step(shared)
+    for key, value in full.items():
+        assert short[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+
+
 def test_sft_on_shared_prefixes_equals_the_full_rows(tiny_checkpoint, units):
     plain_units = [[{k: v for k, v in r.items() if k != "advantage"} for r in u] for u in units]
     config = LearnerConfig(objective="sft", learning_rate=1e-3)
@@ -145,7 +175,9 @@ def test_shared_prefix_errors_name_the_problem(tiny_checkpoint, units):
         Learner(load(tiny_checkpoint), GRPO).logprobs(batch)
 
 
-def test_a_sharded_shared_prefix_step_equals_the_single_device_full_rows(tiny_checkpoint, units):
+@pytest.mark.parametrize("per_token", [False, True], ids=["row-advantages", "token-advantages"])
+def test_a_sharded_shared_prefix_step_equals_the_single_device_full_rows(tiny_checkpoint, units, per_token):
+    units = with_tree_advantages(units) if per_token else units
     mesh = mesh_lib.make_mesh(data=2, fsdp=2, tensor=2)
     plain = batching.collate([r for u in units for r in u], PLAIN)
     spec = dataclasses.replace(SHARED, prefix_rows=4)  # prefix rows split over data x fsdp = 4 (one padding row)

@@ -19,6 +19,7 @@ MICRO = sim_tiny.SimTinyConfig(
     sft_worlds=1, tasks_per_world=4, grpo_tasks=4, eval_tasks=4, sft_steps=2, sft_batch=4, grpo_steps=2,
     copy_warmup_steps=2, first_turn_steps=2, copy_rehearsal=True, branch_turns=(0, 1),
     grpo_tasks_per_step=1, group_size=2, max_new_tokens=24, progress=False, teacher_min_reward=0.0, grpo_augment=True,
+    advantages="prefix-tree",
     size=tiny_policy.TinyPolicySize(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                     num_attention_heads=2, num_key_value_heads=1, head_dim=16, vocab_size=512,
                                     vision_depth=1, vision_hidden_size=16))
@@ -82,6 +83,25 @@ def test_grpo_ran_decoupled_with_versions_and_staleness(run):
     assert dataclasses.replace(MICRO, sample_turns=None, shared_prefix=False).sample_turns is None
     assert (out / "weights" / "latest").read_text().strip() == "2"
     assert (out / "weights" / "STOP").exists()
+
+
+def test_grpo_sampling_settings_reach_the_actor_and_rollouts(tmp_path):
+    config = dataclasses.replace(MICRO, temperature=0.8, top_p=0.9, top_k=3)
+    command = sim_tiny.actor_command(config, env_file=tmp_path / "env.toml", grpo_world=tmp_path / "w",
+                                     weights_dir=tmp_path / "weights", shards_dir=tmp_path / "shards",
+                                     metrics_path=tmp_path / "m.jsonl")
+    flags = {command[i]: command[i + 1] for i in range(len(command) - 1) if command[i].startswith("--")}
+    assert (flags["--temperature"], flags["--top-p"], flags["--top-k"]) == ("0.8", "0.9", "3")
+    sampled = sim_tiny.rollout_config(config, group_size=2).episode.sampling
+    assert (sampled.temperature, sampled.top_p, sampled.top_k) == (0.8, 0.9, 3)
+    greedy = sim_tiny.rollout_config(config, greedy=True).episode.sampling
+    assert (greedy.temperature, greedy.top_p, greedy.top_k) == (0.0, 1.0, -1)
+    with pytest.raises(ValueError, match="top_p"):
+        dataclasses.replace(MICRO, top_p=1.5)
+    with pytest.raises(ValueError, match="top_k"):
+        dataclasses.replace(MICRO, top_k=0)
+    with pytest.raises(ValueError, match=r"SimTinyConfig.advantages must be 'group' or 'prefix-tree'; got 'tree'"):
+        dataclasses.replace(MICRO, advantages="tree")
 
 
 def test_blind_config_blanks_the_teacher_tokens(tmp_path):
