@@ -45,6 +45,9 @@ class LearnerConfig:
     param_dtype: str | None = None  # storage dtype of the parameters (the optimiser moments follow it)
     remat: str | None = None  # jax.checkpoint policy per decoder layer / vision block, a key of REMAT_POLICIES
     freeze_vision: bool = False  # the vision tower and its mergers get no gradients, no updates, no optimiser state
+    # names in parameter paths (e.g. "embed_tokens", "mlp", "layers"): every parameter whose path holds one is frozen
+    # like the vision tower under freeze_vision; each name must match a parameter
+    frozen: tuple[str, ...] = ()
     # GRPO (ignored by "sft"); see `ranger_jax.rl.grpo.policy_loss`
     old_logp: str = "sampler"  # π_old: "sampler" (batch sampler_logp) or "learner" (this step's own, detached)
     clip_low: float = 0.2  # ε_low: ratio clipped below at 1 − ε_low
@@ -91,6 +94,10 @@ class LearnerConfig:
             raise ValueError(f"LearnerConfig.kl_coef must be >= 0, got {self.kl_coef}")
         if not self.temperature > 0:
             raise ValueError(f"LearnerConfig.temperature must be > 0, got {self.temperature}")
+        if (not isinstance(self.frozen, tuple)
+                or not all(isinstance(name, str) and name and "." not in name for name in self.frozen)):
+            raise ValueError(f"LearnerConfig.frozen must be a tuple of parameter path names without dots (e.g. "
+                             f"('embed_tokens', 'mlp')); got {self.frozen!r}")
         if self.tis_cap is not None and not self.tis_cap > 0:
             raise ValueError(f"LearnerConfig.tis_cap must be > 0 or None, got {self.tis_cap}")
         if self.tis_cap is not None and self.old_logp == "sampler":

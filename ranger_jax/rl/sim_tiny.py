@@ -125,6 +125,8 @@ class SimTinyConfig:
     max_staleness: int = 2
     # GRPO advantages: "group" (one per episode) or "prefix-tree" (per token, from the group's shared prefixes)
     advantages: str = "group"
+    # parameters GRPO leaves as SFT made them (`LearnerConfig.frozen`: names in parameter paths)
+    grpo_frozen: tuple[str, ...] = ()
     # the learner runs each group's shared context (the greedy turns before the sampled one) once and the members'
     # sampled turns as short rows continuing it (`data.shared_prefix`; exact): ~5x fewer learner tokens per step
     shared_prefix: bool = True
@@ -161,6 +163,10 @@ class SimTinyConfig:
             policy_lib.SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
         except ValueError as error:
             raise ValueError(f"SimTinyConfig sampling of the GRPO rollouts: {error}") from None
+        if isinstance(self.grpo_frozen, str) or not all(isinstance(n, str) for n in self.grpo_frozen):
+            raise ValueError(f"SimTinyConfig.grpo_frozen must be a sequence of parameter path names; got "
+                             f"{self.grpo_frozen!r}")
+        object.__setattr__(self, "grpo_frozen", tuple(self.grpo_frozen))  # a JSON round trip gives a list
         if self.advantages not in ("group", "prefix-tree"):
             raise ValueError(f"SimTinyConfig.advantages must be 'group' or 'prefix-tree'; got {self.advantages!r}")
         if self.grpo_steps < 0:
@@ -358,7 +364,7 @@ def grpo_learner(config: SimTinyConfig, model: Any) -> learner_lib.Learner:
                                             schedule="constant", max_grad_norm=1.0, old_logp="learner",
                                             agg="seq-mean-token-mean", clip_low=0.2, clip_high=0.28,
                                             tis_cap=None if config.grpo_augment else 2.0,
-                                            temperature=config.temperature)
+                                            temperature=config.temperature, frozen=tuple(config.grpo_frozen))
     return learner_lib.Learner(model, settings)
 
 

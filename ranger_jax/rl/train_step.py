@@ -24,7 +24,8 @@ microbatch. The objective sees only the suffix rows, which hold every trained to
 are those of the full rows (tests compare them).
 
 With `freeze_vision` the vision tower (`model.visual`, mergers included) is split off before differentiation: it
-gets no gradient (its backward pass is never built) and no optimiser state.
+gets no gradient (its backward pass is never built) and no optimiser state; `frozen` does the same for every
+parameter whose path holds one of its names.
 """
 
 from __future__ import annotations
@@ -66,10 +67,25 @@ class TrainState(struct.PyTreeNode):
 
 
 def split_trainable(params: nnx.State, config: learner_config.LearnerConfig) -> tuple[nnx.State, nnx.State]:
-    """(trained, frozen) parameters: the vision tower is frozen under `freeze_vision`, else nothing is."""
-    if config.freeze_vision:
-        return nnx.split_state(params, nnx.Not(nnx.PathContains(VISION_TOWER)), ...)
-    return params, nnx.State({})
+    """(trained, frozen) parameters: the vision tower under `freeze_vision` and every parameter whose path holds a
+    name of `config.frozen` are frozen; the rest is trained.
+
+    Raises:
+        ValueError: a name of `config.frozen` in no parameter's path, or nothing left to train.
+    """
+    names = (VISION_TOWER,) * config.freeze_vision + config.frozen
+    if not names:
+        return params, nnx.State({})
+    paths = [tuple(str(getattr(k, "key", k)) for k in path) for path, _ in jax.tree_util.tree_leaves_with_path(
+        params, is_leaf=_is_variable)]
+    unmatched = [name for name in config.frozen if not any(name in path for path in paths)]
+    if unmatched:
+        raise ValueError(f"LearnerConfig.frozen names {unmatched} are in no parameter's path (e.g. "
+                         f"{'.'.join(paths[0]) if paths else 'none'})")
+    trained, frozen = nnx.split_state(params, nnx.Not(nnx.Any(*(nnx.PathContains(n) for n in names))), ...)
+    if not jax.tree.leaves(trained):
+        raise ValueError(f"freezing {list(names)} leaves no parameter to train")
+    return trained, frozen
 
 
 def _is_variable(x: Any) -> bool:

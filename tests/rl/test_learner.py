@@ -218,6 +218,30 @@ def test_frozen_vision_tower_gets_no_update_and_no_optimizer_state(tiny_checkpoi
     assert [p for p in opt_paths if "language_model" in p]
 
 
+def test_frozen_names_freeze_every_parameter_whose_path_holds_one(tiny_checkpoint):
+    batch, _ = image_batch()
+    config = dataclasses.replace(SFT, freeze_vision=True, frozen=("embed_tokens", "mlp"))
+    learner = Learner(load(tiny_checkpoint), config)
+    before = params_by_path(learner)
+    assert np.isfinite(learner.step(batch)["loss"])
+    after = params_by_path(learner)
+    frozen = [k for k in before if "visual" in k or "embed_tokens" in k or ".mlp." in k]
+    trained = [k for k in before if k not in frozen]
+    assert any(".mlp." in k for k in frozen) and any("embed_tokens" in k for k in frozen)
+    for key in frozen:
+        np.testing.assert_array_equal(after[key], before[key], err_msg=key)
+    moved = [k for k in trained if not np.array_equal(after[k], before[k])]
+    assert any("self_attn.q_proj" in k for k in moved) and any("self_attn.o_proj" in k for k in moved)
+    opt_paths = [placement.path_key(p) for p, _ in jax.tree_util.tree_flatten_with_path(learner.state.opt_state)[0]]
+    assert not [p for p in opt_paths if "mlp" in p or "embed_tokens" in p or "visual" in p]
+    assert [p for p in opt_paths if "self_attn" in p]
+    with pytest.raises(ValueError, match=r"LearnerConfig.frozen names \['mpl'\] are in no parameter's path"):
+        Learner(load(tiny_checkpoint), dataclasses.replace(SFT, frozen=("mlp", "mpl")))
+    with pytest.raises(ValueError, match=r"leaves no parameter to train"):
+        Learner(load(tiny_checkpoint), dataclasses.replace(SFT, freeze_vision=True, frozen=("language_model",
+                                                                                             "lm_head")))
+
+
 def test_bf16_parameters_with_remat_keep_their_dtype_and_compile_once(tiny_checkpoint):
     config = dataclasses.replace(SFT, dtype="bfloat16", param_dtype="bfloat16", remat="full")
     learner = Learner(load(tiny_checkpoint), config)
@@ -276,3 +300,6 @@ def test_learner_config_errors():
         LearnerConfig(grad_accum_steps=0)
     with pytest.raises(ValueError, match="tis_cap .* needs old_logp='learner'"):
         LearnerConfig(objective="grpo", tis_cap=2.0)
+    for bad in (["mlp"], ("model.mlp",), ("",)):
+        with pytest.raises(ValueError, match=r"LearnerConfig.frozen must be a tuple of parameter path names"):
+            LearnerConfig(frozen=bad)

@@ -8,9 +8,13 @@ import runpy
 import sys
 from pathlib import Path
 
+import jax
+import numpy as np
 import pytest
+from flax import nnx
 
 from ranger_jax.data import shards
+from ranger_jax.models import qwen3_vl
 from ranger_jax.rl import diagnostics, sim_tiny, tiny_policy
 from ranger_jax.rollout import trained_env
 
@@ -19,7 +23,7 @@ MICRO = sim_tiny.SimTinyConfig(
     sft_worlds=1, tasks_per_world=4, grpo_tasks=4, eval_tasks=4, sft_steps=2, sft_batch=4, grpo_steps=2,
     copy_warmup_steps=2, first_turn_steps=2, copy_rehearsal=True, branch_turns=(0, 1),
     grpo_tasks_per_step=1, group_size=2, max_new_tokens=24, progress=False, teacher_min_reward=0.0, grpo_augment=True,
-    advantages="prefix-tree",
+    advantages="prefix-tree", grpo_frozen=("embed_tokens", "mlp"),
     size=tiny_policy.TinyPolicySize(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                     num_attention_heads=2, num_key_value_heads=1, head_dim=16, vocab_size=512,
                                     vision_depth=1, vision_hidden_size=16))
@@ -83,6 +87,18 @@ def test_grpo_ran_decoupled_with_versions_and_staleness(run):
     assert dataclasses.replace(MICRO, sample_turns=None, shared_prefix=False).sample_turns is None
     assert (out / "weights" / "latest").read_text().strip() == "2"
     assert (out / "weights" / "STOP").exists()
+    # GRPO left the frozen parameters (`grpo_frozen`) as SFT made them
+    sft_model = qwen3_vl.load(out / "sft_policy")
+    assert sim_tiny.grpo_learner(MICRO, sft_model).config.frozen == ("embed_tokens", "mlp")
+    sft, final = _params(sft_model), _params(qwen3_vl.load(out / "policy"))
+    frozen = [k for k in sft if "embed_tokens" in k or ".mlp." in k]
+    assert frozen and all(np.array_equal(sft[k], final[k]) for k in frozen)
+
+
+def _params(model):
+    state = nnx.state(model, nnx.Param)
+    return {jax.tree_util.keystr(p, simple=True, separator="."): np.asarray(v)
+            for p, v in jax.tree_util.tree_leaves_with_path(state)}
 
 
 def test_grpo_sampling_settings_reach_the_actor_and_rollouts(tmp_path):
@@ -102,6 +118,9 @@ def test_grpo_sampling_settings_reach_the_actor_and_rollouts(tmp_path):
         dataclasses.replace(MICRO, top_k=0)
     with pytest.raises(ValueError, match=r"SimTinyConfig.advantages must be 'group' or 'prefix-tree'; got 'tree'"):
         dataclasses.replace(MICRO, advantages="tree")
+    assert dataclasses.replace(MICRO, grpo_frozen=["mlp"]).grpo_frozen == ("mlp",)  # as read back from JSON
+    with pytest.raises(ValueError, match=r"SimTinyConfig.grpo_frozen must be a sequence of parameter path names"):
+        dataclasses.replace(MICRO, grpo_frozen="mlp")
 
 
 def test_blind_config_blanks_the_teacher_tokens(tmp_path):
