@@ -284,6 +284,10 @@ def test_batch_and_mesh_errors_name_the_numbers(tiny_checkpoint, mesh):
         learner.step({**text_batch(5), "labels": text_batch(5)["input_ids"]})
     with pytest.raises(ValueError, match=r"loss_mask has shape \(8, 15\), input_ids has \(8, 16\)"):
         learner.step({**text_batch(5), "loss_mask": np.ones((8, 15), np.float32)})
+    with pytest.raises(ValueError, match=r"token_advantages has shape \(8, 15\), input_ids has \(8, 16\)"):
+        learner.step({**text_batch(5), "token_advantages": np.ones((8, 15), np.float32)})
+    with pytest.raises(ValueError, match=r"batch token_advantages is a GRPO key; objective is 'sft'"):
+        learner.step({**text_batch(5), "token_advantages": np.ones((8, 16), np.float32)})
     assert learner.step_count == 0
     narrow = mesh_lib.make_mesh(data=1, fsdp=2, tensor=4)  # 2 kv heads cannot split over tensor = 4
     with pytest.raises(ValueError, match=r"k_proj\.weight: dimension 1 \('kv_heads'\) has size 2, not divisible by "
