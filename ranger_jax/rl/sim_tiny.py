@@ -167,8 +167,9 @@ class SimTinyConfig:
             raise ValueError(f"SimTinyConfig.grpo_frozen must be a sequence of parameter path names; got "
                              f"{self.grpo_frozen!r}")
         object.__setattr__(self, "grpo_frozen", tuple(self.grpo_frozen))  # a JSON round trip gives a list
-        if self.advantages not in ("group", "prefix-tree"):
-            raise ValueError(f"SimTinyConfig.advantages must be 'group' or 'prefix-tree'; got {self.advantages!r}")
+        if self.advantages not in pipeline.ADVANTAGE_ESTIMATORS:
+            known = " or ".join(repr(name) for name in pipeline.ADVANTAGE_ESTIMATORS)
+            raise ValueError(f"SimTinyConfig.advantages must be {known}; got {self.advantages!r}")
         if self.grpo_steps < 0:
             raise ValueError(f"SimTinyConfig.grpo_steps must be >= 0; got {self.grpo_steps}")
         if self.group_size < 2 and self.grpo_steps:
@@ -364,7 +365,7 @@ def grpo_learner(config: SimTinyConfig, model: Any) -> learner_lib.Learner:
                                             schedule="constant", max_grad_norm=1.0, old_logp="learner",
                                             agg="seq-mean-token-mean", clip_low=0.2, clip_high=0.28,
                                             tis_cap=None if config.grpo_augment else 2.0,
-                                            temperature=config.temperature, frozen=tuple(config.grpo_frozen))
+                                            temperature=config.temperature, frozen=config.grpo_frozen)
     return learner_lib.Learner(model, settings)
 
 
