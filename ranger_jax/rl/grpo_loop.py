@@ -227,7 +227,7 @@ def run(learner: learner_lib.Learner, *, shards_dir: str | os.PathLike, weights_
     """Trains `learner` (objective "grpo") for `config.num_steps` rounds of actor data (see the module docstring).
 
     `actor_metrics` maps each actor's shard prefix to its `--metrics` file (how complete rounds are recognised);
-    `actor_env` adds environment variables to the actor processes (e.g. `compilation_cache.enable`'s).
+    `actor_env` adds environment variables to the actor processes (e.g. `compilation_cache.enabled`'s).
     `after_publish(version, folder)` runs after each published version, e.g. `SGLangWeightSync.update`, which makes
     SGLang policy servers load it. `augment` transforms each group's rows before batching (one draw per group and
     round: `data.augment.TokenPermutation(per_unit=True)`).

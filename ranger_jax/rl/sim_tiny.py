@@ -30,6 +30,7 @@ the real episodes, but the trajectories' tokens hide what the tools returned.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import sys
@@ -505,13 +506,21 @@ def paired_difference(before: list[float], after: list[float]) -> dict[str, floa
 
 
 def run(config: SimTinyConfig, out: str | Path) -> dict[str, Any]:
-    """The whole sim-tiny job into folder `out` (see the module docstring); returns the summary it writes."""
-    from ranger_jax.data import viewer
+    """The whole sim-tiny job into folder `out` (see the module docstring); returns the summary it writes.
 
+    With `config.compilation_cache` this process and its children compile into `out/jax_cache` during the run
+    only: the caller's cache settings are back on return."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    cache = compilation_cache.enabled(out / "jax_cache") if config.compilation_cache else contextlib.nullcontext({})
+    with cache as actor_env:
+        return _run(config, out, actor_env)
+
+
+def _run(config: SimTinyConfig, out: Path, actor_env: dict[str, str]) -> dict[str, Any]:
+    from ranger_jax.data import viewer
+
     started, timings = time.monotonic(), {}
-    actor_env = compilation_cache.enable(out / "jax_cache") if config.compilation_cache else {}
     env_file = write_env_file(config, out / ENV_FILE)
     with timed(timings, "worlds"):
         worlds = build_worlds(config, out / "worlds")

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
@@ -61,6 +62,14 @@ def test_outputs_exist(run):
     recorded = trained_env.read(out / "policy")
     assert recorded.env["tools"] == list(sim_tiny.TOOLS) and recorded.episode["max_new_tokens"] == 24
     assert any((out / "jax_cache").iterdir())  # the actor process compiled into the run's compilation cache
+    before = sorted(p.name for p in (out / "jax_cache").iterdir())
+    saved = jax.config.jax_persistent_cache_min_compile_time_secs
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)  # only the folder decides what is written
+    try:
+        jax.jit(lambda x: jnp.sin(x) * 5.25 - 0.5)(jnp.ones((3, 11))).block_until_ready()  # a program new to the run
+    finally:
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", saved)
+    assert sorted(p.name for p in (out / "jax_cache").iterdir()) == before  # the run closed its cache on return
 
 
 def test_grpo_ran_decoupled_with_versions_and_staleness(run):
