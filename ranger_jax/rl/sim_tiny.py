@@ -123,6 +123,9 @@ class SimTinyConfig:
     # noise scale from 5.1e3 to 7e2 episodes, and 6 GRPO steps then no longer cost reward (-0.000 vs -0.055)
     branch_turns: tuple[int, ...] = (2,)
     sample_turns: int | None = 1
+    # each group's first member plays the sampled turn greedily, still trained (`RolloutConfig.greedy_member`): the
+    # held-out evaluation is greedy, and this member's advantage says whether the mode beats the group's samples
+    greedy_member: bool = False
     max_staleness: int = 2
     # GRPO advantages: "group" (one per episode) or "prefix-tree" (per token, from the group's shared prefixes)
     advantages: str = "group"
@@ -175,6 +178,8 @@ class SimTinyConfig:
             raise ValueError(f"SimTinyConfig.grpo_steps must be >= 0; got {self.grpo_steps}")
         if self.group_size < 2 and self.grpo_steps:
             raise ValueError(f"GRPO needs group_size >= 2; got {self.group_size}")
+        if not isinstance(self.greedy_member, bool):
+            raise ValueError(f"SimTinyConfig.greedy_member must be a bool; got {self.greedy_member!r}")
 
     # seeds: each run seed owns [1000·seed + 1, 1000·seed + 999]; the eval seed is never a training seed
     def sft_seeds(self) -> list[int]:
@@ -333,6 +338,8 @@ def actor_command(config: SimTinyConfig, *, env_file: Path, grpo_world: Path, we
                "--branch-turns", ",".join(str(t) for t in config.branch_turns), "--quiet"]
     if config.sample_turns is not None:
         command += ["--sample-turns", str(config.sample_turns)]
+    if config.greedy_member:
+        command.append("--greedy-member")
     if config.blind:
         command.append("--blank-observations")
     return command

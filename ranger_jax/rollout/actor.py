@@ -275,6 +275,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--sample-turns", type=int, default=None,
                    help="turns sampled from the branching turn on; later turns are greedy, untrained context "
                         "(default: all)")
+    p.add_argument("--greedy-member", action="store_true",
+                   help="the first member of each group plays its sampled turns greedily (still trained: its "
+                        "advantage compares the policy's mode with its samples)")
     p.add_argument("--concurrency", type=int, default=8, help="episodes in flight")
     p.add_argument("--seed", type=int, default=0, help="base seed of the episodes' sampling seeds (an SGLang server "
                                                        "honours them only when launched with "
@@ -339,9 +342,11 @@ def main(argv: Sequence[str] | None = None) -> ActorSummary | decoupled.RoundsSu
         parser.error(f"--branch-turns must be comma-separated ints; got {args.branch_turns!r}")
     if args.sample_turns is not None and args.sample_turns < 1:
         parser.error(f"--sample-turns must be >= 1; got {args.sample_turns}")
+    if args.greedy_member and args.group_size < 2:
+        parser.error(f"--greedy-member needs --group-size >= 2 (a greedy member and samples); got {args.group_size}")
     config = runner.RolloutConfig(
         group_size=args.group_size, concurrency=args.concurrency, seed=args.seed, run_id=args.run_id,
-        branch_turns=branch_turns, sample_turns=args.sample_turns,
+        branch_turns=branch_turns, sample_turns=args.sample_turns, greedy_member=args.greedy_member,
         episode=episode_lib.EpisodeConfig(
             max_new_tokens=args.max_new_tokens, max_context_tokens=args.max_context_tokens, vision=vision,
             sampling=policy_lib.SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k),

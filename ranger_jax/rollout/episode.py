@@ -108,7 +108,9 @@ class EpisodeSpec:
     greedy and recorded as context (loss mask 0), so the samples of a group share them and differ only from that
     turn on (`runner.RolloutConfig.branch_turns`). `sample_turns` (None: every later turn) is how many turns from
     there are sampled; the turns after them are greedy context again, so a group's rewards compare the sampled
-    turns' choices alone.
+    turns' choices alone. `greedy` plays the sampled turns greedily all the same (a group's greedy member,
+    `runner.RolloutConfig.greedy_member`): they stay trained turns, so the update learns whether the policy's
+    mode beats its samples.
     """
 
     task: core.Task
@@ -117,6 +119,7 @@ class EpisodeSpec:
     seed: int
     sample_from_turn: int = 0
     sample_turns: int | None = None
+    greedy: bool = False
 
     def samples_turn(self, turn: int) -> bool:
         """Whether `turn` is sampled with the episode's settings (else greedy, untrained context)."""
@@ -218,7 +221,7 @@ async def _loop(env: tool_env.ToolEnv, policy: policy_lib.Policy, ep: _Episode, 
         sampled = ep.spec.samples_turn(turn)
         request = policy_lib.TurnRequest(
             rid=ep.spec.rid, turn=turn, prompt_ids=prompt_ids, new_images=new_images,
-            sampling=config.sampling if sampled else GREEDY,
+            sampling=config.sampling if sampled and not ep.spec.greedy else GREEDY,
             max_new_tokens=min(config.max_new_tokens, room), stop_token_ids=(tok.im_end_id,),
             seed=turn_seed(ep.spec.seed, turn), state=state)
         t0 = time.monotonic()
@@ -311,6 +314,7 @@ def _record(ep: _Episode, policy: policy_lib.Policy, state: tool_env.EnvState, s
         "policy": policy.name, "token_exact": policy.token_exact,
         "rl_trainable": bool(policy.token_exact and policy.has_logprobs), "seed": ep.spec.seed, "rid": ep.spec.rid,
         "sample_from_turn": ep.spec.sample_from_turn, "sample_turns": ep.spec.sample_turns,
+        "greedy_member": ep.spec.greedy,
         "num_turns": state.num_turns, "num_tool_calls": state.num_tool_calls, "turns": ep.turns,
         "policy_versions": ep.versions, "weight_versions": ep.weight_versions, "error": ep.error,
         "max_context_tokens": ep.config.max_context_tokens,

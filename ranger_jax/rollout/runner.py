@@ -45,6 +45,9 @@ class RolloutConfig:
     # how many turns from the branching turn are sampled (None: all to the end); the later ones are greedy context,
     # so a group's advantages credit only the sampled turns
     sample_turns: int | None = None
+    # the first member of each group plays its sampled turns greedily (`EpisodeSpec.greedy`), still trained: its
+    # advantage says whether the policy's mode (what a greedy evaluation plays) beats the group's samples
+    greedy_member: bool = False
 
     def __post_init__(self):
         for name in ("group_size", "concurrency"):
@@ -57,6 +60,11 @@ class RolloutConfig:
             raise ValueError(f"RolloutConfig.run_id must be non-empty without '/'; got {self.run_id!r}")
         object.__setattr__(self, "branch_turns", checked_branch_turns(self.branch_turns, "RolloutConfig"))
         check_sample_turns(self.sample_turns, "RolloutConfig")
+        if not isinstance(self.greedy_member, bool):
+            raise ValueError(f"RolloutConfig.greedy_member must be a bool; got {self.greedy_member!r}")
+        if self.greedy_member and self.group_size < 2:
+            raise ValueError(f"RolloutConfig.greedy_member needs group_size >= 2 (a greedy member and samples); "
+                             f"got {self.group_size}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,7 +141,8 @@ async def agroups(env: tool_env.ToolEnv, policy: policy_lib.Policy, tasks: Itera
         episode = episode_lib.EpisodeSpec(task=task, group_id=group_id(config.run_id, index, task), sample_index=k,
                                           seed=episode_seed(config.seed, index, k),
                                           sample_from_turn=branch_turn(config, index),
-                                          sample_turns=config.sample_turns)
+                                          sample_turns=config.sample_turns,
+                                          greedy=config.greedy_member and k == 0)
         coroutine = episode_lib.run_episode(env, policy, episode, renderer=renderer, config=config.episode,
                                             scorer=scorer, cache=cache)
         running[asyncio.ensure_future(coroutine)] = (index, task)

@@ -24,7 +24,7 @@ MICRO = sim_tiny.SimTinyConfig(
     sft_worlds=1, tasks_per_world=4, grpo_tasks=4, eval_tasks=4, sft_steps=2, sft_batch=4, grpo_steps=2,
     copy_warmup_steps=2, first_turn_steps=2, copy_rehearsal=True, branch_turns=(0, 1),
     grpo_tasks_per_step=1, group_size=2, max_new_tokens=24, progress=False, teacher_min_reward=0.0, grpo_augment=True,
-    advantages="prefix-tree", grpo_frozen=("embed_tokens", "mlp"),
+    advantages="prefix-tree", grpo_frozen=("embed_tokens", "mlp"), greedy_member=True,
     size=tiny_policy.TinyPolicySize(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                     num_attention_heads=2, num_key_value_heads=1, head_dim=16, vocab_size=512,
                                     vision_depth=1, vision_hidden_size=16))
@@ -83,6 +83,14 @@ def test_grpo_ran_decoupled_with_versions_and_staleness(run):
     assert {t.metadata["sample_turns"] for t in records} == {1}  # one sampled turn each (the default)
     for t in records:
         assert sum(turn["sampled"] for turn in t.metadata["turns"]) <= 1
+    by_group = {}
+    for t in records:  # each group's first member played its sampled turn greedily (`greedy_member`)
+        by_group.setdefault(t.group_id, {})[t.sample_index] = t.metadata["greedy_member"]
+    full = [members for members in by_group.values() if len(members) == 2]
+    assert full and all(members == {0: True, 1: False} for members in full)
+    assert sim_tiny.SimTinyConfig().greedy_member is False
+    with pytest.raises(ValueError, match="greedy_member must be a bool"):
+        dataclasses.replace(MICRO, greedy_member="yes")
     assert sim_tiny.SimTinyConfig().branch_turns == (2,) and sim_tiny.SimTinyConfig().sample_turns == 1
     with pytest.raises(ValueError, match="SimTinyConfig.sample_turns must be None or an int >= 1"):
         dataclasses.replace(MICRO, sample_turns=0)

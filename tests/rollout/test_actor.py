@@ -72,6 +72,9 @@ def test_actor_cli(tmp_path, world_dir, monkeypatch, capsys):
     with pytest.raises(SystemExit):
         actor.main(cli_args(world_dir, tmp_path / "bad", "--sample-turns", "0"))
     assert "--sample-turns must be >= 1; got 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        actor.main(cli_args(world_dir, tmp_path / "bad", "--greedy-member"))
+    assert "--greedy-member needs --group-size >= 2" in capsys.readouterr().err
 
 
 def test_killed_actor_leaves_no_readable_partial_shard(tmp_path, world_dir):

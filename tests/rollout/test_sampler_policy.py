@@ -226,3 +226,32 @@ def test_sample_turns_samples_only_that_many_turns_from_the_branch(tiny_env, tin
                                sample_turns=2)
     assert [spec.samples_turn(turn) for turn in range(6)] == [False, False, True, True, False, False]
     assert all(dataclasses.replace(spec, sample_turns=None).samples_turn(turn) for turn in range(2, 9))
+
+
+def test_a_greedy_member_plays_its_sampled_turn_greedily_and_trains_it(tiny_env, tiny_sampler, tiny_renderer,
+                                                                        tiny_config, tasks, scorer):
+    def group(seed, *, greedy_member=True, sampling=None):
+        pol = sampler_policy.SamplerPolicy(tiny_sampler, num_rows=3, capacity=CAPACITY)
+        episode_config = tiny_config() if sampling is None else dataclasses.replace(tiny_config(), sampling=sampling)
+        config = runner.RolloutConfig(group_size=3, concurrency=3, seed=seed, run_id="mode", episode=episode_config,
+                                      branch_turns=(1,), sample_turns=1, greedy_member=greedy_member)
+        (out,) = runner.run(tiny_env, pol, tasks[:1], renderer=tiny_renderer, config=config, scorer=scorer)
+        return out.trajectories
+
+    first, second = group(21), group(22)
+    all_greedy = group(21, greedy_member=False, sampling=episode.GREEDY)
+    assert [t.metadata["greedy_member"] for t in first] == [True, False, False]
+    # the greedy member is the greedy episode, whatever the group's seed; the others are samples
+    np.testing.assert_array_equal(first[0].token_ids, all_greedy[0].token_ids)
+    np.testing.assert_array_equal(second[0].token_ids, all_greedy[0].token_ids)
+    assert any(not np.array_equal(t.token_ids, first[0].token_ids) for t in first[1:] + second[1:])
+    turns, mask = first[0].metadata["turns"], np.asarray(first[0].loss_mask)
+    assert [turn["sampled"] for turn in turns] == [i == 1 for i in range(len(turns))]
+    # its branching turn is trained like a sample's, with the sampler's log-probs of the greedy tokens
+    assert len(turns) > 1 and int(mask.sum()) == turns[1]["new_tokens"] > 0
+    assert np.all(np.asarray(first[0].sampler_logprobs)[mask == 1] <= 0)
+    assert np.any(np.asarray(first[0].sampler_logprobs)[mask == 1] < 0)
+    with pytest.raises(ValueError, match="greedy_member needs group_size >= 2"):
+        runner.RolloutConfig(group_size=1, greedy_member=True)
+    with pytest.raises(ValueError, match="greedy_member must be a bool"):
+        runner.RolloutConfig(group_size=2, greedy_member=1)
