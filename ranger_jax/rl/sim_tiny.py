@@ -124,7 +124,8 @@ class SimTinyConfig:
     branch_turns: tuple[int, ...] = (2,)
     sample_turns: int | None = 1
     # each group's first member plays the sampled turn greedily, still trained (`RolloutConfig.greedy_member`): the
-    # held-out evaluation is greedy, and this member's advantage says whether the mode beats the group's samples
+    # held-out evaluation is greedy, and this member's advantage says whether the mode beats the group's samples.
+    # Measured from the seed-0 SFT policy (docs/sim_tiny.md): -0.027 at 192 episodes, +0.037 at 640, -0.064 at 960
     greedy_member: bool = False
     max_staleness: int = 2
     # GRPO advantages: "group" (one per episode) or "prefix-tree" (per token, from the group's shared prefixes)
