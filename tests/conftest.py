@@ -12,3 +12,18 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from absl import flags  # noqa: E402
 
 flags.FLAGS.mark_as_parsed()
+
+import gc  # noqa: E402
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+    """Frees every compiled program after each test module. XLA maps each CPU executable's code into memory
+    separately, and one process compiling the whole suite's programs (thousands) runs into the kernel's limit on
+    memory mappings (vm.max_map_count, 65530 by default), where XLA's compiler crashes."""
+    yield
+    jax.clear_caches()
+    gc.collect()
