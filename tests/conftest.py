@@ -27,3 +27,13 @@ def _release_compiled_programs():
     yield
     jax.clear_caches()
     gc.collect()
+
+
+@pytest.fixture
+def every_program_cacheable():
+    """A persistent-cache minimum compile time of 0 for the test, so only the cache folder setting decides whether a
+    compiled program is written (tests of `ranger_jax.compilation_cache` scoping)."""
+    saved = jax.config.jax_persistent_cache_min_compile_time_secs
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    yield
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", saved)

@@ -47,15 +47,6 @@ def test_a_file_in_the_way_is_named(tmp_path):
             pass
 
 
-@pytest.fixture
-def every_program_cacheable():
-    """Minimum compile time 0 outside the block too, so only the folder setting decides what is written after it."""
-    saved = jax.config.jax_persistent_cache_min_compile_time_secs
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    yield
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", saved)
-
-
 def test_the_scoped_cache_is_closed_on_exit(tmp_path, every_program_cacheable):
     saved = jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_min_compile_time_secs
     folder = tmp_path / "cache"
