@@ -7,7 +7,19 @@
 `--policy` is `expert`, `naive`, `finder` or a checkpoint folder (HF-layout Qwen3-VL with tokenizer.json), run
 greedily through the JAX sampler with the env settings it was trained with (its `ranger_env.json`) unless `--env`
 names others. Writes the summary of `ranger_jax.rollout.evaluate.evaluate` (search_score overall, per domain and
-per subcategory, crop IoU / text score / reward means, terminations, one row per episode) and prints a table.
+per subcategory, crop IoU / text score / reward means, terminations, one row per episode, the mean reward per task)
+and prints a table.
+
+A checkpoint can also be scored the way GRPO samples it — what RL optimises, where the greedy score shows the
+policy's mode — and compared task by task with another evaluation of the same world:
+
+    python evals/savanna_sim.py --world W --policy /runs/a/sft_policy --json sft.json \
+        --temperature 1 --samples 4 --branch-turns 2 --sample-turns 1 --seed 7
+    python evals/savanna_sim.py --world W --policy /runs/a/policy --json grpo.json \
+        --temperature 1 --samples 4 --branch-turns 2 --sample-turns 1 --seed 7 --baseline sft.json
+
+`--baseline` prints (and stores under `comparison`) the paired difference of the per-task mean rewards with its
+standard error; with one `--seed` the two runs draw their samples from the same seeds.
 """
 
 from __future__ import annotations
@@ -18,7 +30,9 @@ from pathlib import Path
 
 from ranger_jax import fileio
 from ranger_jax.env.sim import savanna
-from ranger_jax.rollout import evaluate
+from ranger_jax.rollout import evaluate, policy as policy_lib
+
+SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "samples", "branch_turns", "sample_turns", "seed")
 
 
 def main() -> None:
@@ -33,13 +47,34 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=None, help="checkpoints: episodes in flight")
     parser.add_argument("--max-new-tokens", type=int, default=None, help="checkpoints: tokens per turn")
     parser.add_argument("--max-context-tokens", type=int, default=None, help="checkpoints: tokens per episode")
+    sampled = parser.add_argument_group("sampled evaluation (checkpoints; default greedy)")
+    sampled.add_argument("--temperature", type=float, default=None, help="sample at this temperature (0 = greedy)")
+    sampled.add_argument("--top-p", type=float, default=None, help="nucleus mass (default 1: off)")
+    sampled.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens (default -1: all)")
+    sampled.add_argument("--samples", type=int, default=None, help="episodes per task (default 1)")
+    sampled.add_argument("--branch-turns", default=None,
+                         help="comma-separated turns a task's samples branch at; earlier turns are greedy and shared "
+                              "(default 0: sample from the first turn)")
+    sampled.add_argument("--sample-turns", type=int, default=None,
+                         help="turns sampled from the branch on; later ones greedy (default: all)")
+    sampled.add_argument("--seed", type=int, default=None, help="base seed of the episodes' samples (default 0)")
+    parser.add_argument("--baseline", default=None,
+                        help="an earlier --json of the same world: print the paired per-task reward difference")
     args = parser.parse_args()
     options = {key: value for key, value in (("concurrency", args.concurrency),
                                              ("max_new_tokens", args.max_new_tokens),
                                              ("max_context_tokens", args.max_context_tokens)) if value is not None}
+    given = [f"--{flag.replace('_', '-')}" for flag in SAMPLING_FLAGS if getattr(args, flag) is not None]
+    if given and args.policy in savanna.POLICIES:
+        parser.error(f"{', '.join(given)} only apply to checkpoints; {args.policy!r} is a scripted agent")
+    if given:
+        options.update(_sampled_options(parser, args))
+    baseline = _read_json(parser, args.baseline) if args.baseline else None
     try:
         result = evaluate.evaluate(args.world, args.policy, env_name=args.env, limit=args.limit, progress=True,
                                    **options)
+        if baseline is not None:
+            result["comparison"] = evaluate.compare(baseline, result)
     except (ValueError, FileNotFoundError) as err:
         parser.error(str(err))
     fileio.write_atomic(Path(args.json), json.dumps(result, indent=2, ensure_ascii=False).encode("utf-8"))
@@ -50,7 +85,35 @@ def main() -> None:
     for key in ("crop_iou_mean", "text_score_mean", "reward_mean", "tool_calls_mean"):
         print(f"{key:<28}{result[key]:.3f}")
     print(f"{'terminations':<28}{result['terminations']}")
+    if "comparison" in result:
+        c = result["comparison"]
+        d = c["reward_difference"]
+        print(f"reward - baseline ({c['baseline']}): {d['mean']:+.4f} (paired SE {d['se_paired']:.4f}, "
+              f"{d['num_tasks']} tasks; better on {c['tasks_better']}, worse on {c['tasks_worse']})")
     print(f"wrote {args.json}")
+
+
+def _sampled_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict:
+    try:
+        branch_turns = tuple(int(t) for t in (args.branch_turns or "0").split(","))
+    except ValueError:
+        parser.error(f"--branch-turns must be comma-separated turn numbers; got {args.branch_turns!r}")
+    try:
+        sampling = policy_lib.SamplingParams(temperature=0.0 if args.temperature is None else args.temperature,
+                                             top_p=1.0 if args.top_p is None else args.top_p,
+                                             top_k=-1 if args.top_k is None else args.top_k)
+    except ValueError as err:
+        parser.error(f"--temperature/--top-p/--top-k: {err}")
+    return {"sampling": sampling, "samples_per_task": 1 if args.samples is None else args.samples,
+            "branch_turns": branch_turns, "sample_turns": args.sample_turns,
+            "seed": 0 if args.seed is None else args.seed}
+
+
+def _read_json(parser: argparse.ArgumentParser, path: str) -> dict:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        parser.error(f"--baseline {path}: {err}")
 
 
 if __name__ == "__main__":

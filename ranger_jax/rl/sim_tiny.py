@@ -39,7 +39,6 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import tqdm
 
 from ranger_jax import compilation_cache
@@ -54,7 +53,7 @@ from ranger_jax.rl import copy_warmup, grpo_loop, sft, tiny_policy
 from ranger_jax.rl import learner as learner_lib
 from ranger_jax.rl import learner_config
 from ranger_jax.rl import metrics as metrics_lib
-from ranger_jax.rollout import episode, policy as policy_lib, runner, scoring
+from ranger_jax.rollout import episode, evaluate, policy as policy_lib, runner, scoring
 
 TOOLS = ("text_search", "image_search", "find_object")
 # the copy rehearsal during SFT: rows of 32 random tokens repeated 32, 256 and 640 tokens later (episodes copy the
@@ -490,8 +489,6 @@ def evaluate_policy(config: SimTinyConfig, checkpoint: Path, eval_world: Path,
                     trajectories_out: Path | None = None) -> dict[str, Any]:
     """A policy folder on the held-out world, greedy, observations blank when the run is blind; as many episodes
     at once as the actor runs (the same sampler shapes: with the compilation cache, compiled once for both)."""
-    from ranger_jax.rollout import evaluate
-
     return evaluate.evaluate_checkpoint(eval_world, checkpoint, blank_observations=config.blind,
                                         concurrency=actor_rows(config), trajectories_out=trajectories_out,
                                         progress=config.progress)
@@ -499,18 +496,6 @@ def evaluate_policy(config: SimTinyConfig, checkpoint: Path, eval_world: Path,
 
 def _summary_scores(prefix: str, result: dict[str, Any]) -> dict[str, float]:
     return {f"{prefix}_search_score": result["search_score"], f"{prefix}_reward": result["reward_mean"]}
-
-
-def paired_difference(before: list[float], after: list[float]) -> dict[str, float]:
-    """Mean of `after - before` over the same tasks, with its standard error (paired, sample std) and the unpaired
-    standard error of the two means: GRPO beats SFT when the difference exceeds two standard errors."""
-    if len(before) != len(after) or len(before) < 2:
-        raise ValueError(f"paired_difference needs two equal-length lists of >= 2 rewards; got {len(before)} and "
-                         f"{len(after)}")
-    a, b = np.asarray(before, np.float64), np.asarray(after, np.float64)
-    n = a.size
-    return {"mean": float((b - a).mean()), "se_paired": float((b - a).std(ddof=1) / np.sqrt(n)),
-            "se_unpaired": float(np.sqrt(a.var(ddof=1) / n + b.var(ddof=1) / n)), "num_tasks": n}
 
 
 def run(config: SimTinyConfig, out: str | Path) -> dict[str, Any]:
@@ -576,7 +561,7 @@ def _run(config: SimTinyConfig, out: Path, actor_env: dict[str, str]) -> dict[st
                 "tokens_per_s": sft_result.tokens_per_s, **teacher_stats},
         "pre_sft": pre_sft,
         "grpo": dataclasses.asdict(grpo_result) if grpo_result else None,
-        "grpo_minus_sft_reward": paired_difference([e["reward"] for e in sft_eval["episodes"]],
+        "grpo_minus_sft_reward": evaluate.paired_difference([e["reward"] for e in sft_eval["episodes"]],
                                                    [e["reward"] for e in grpo_eval["episodes"]]),
         "reward_per_task": {"sft": [e["reward"] for e in sft_eval["episodes"]],
                             "grpo": [e["reward"] for e in grpo_eval["episodes"]]},

@@ -5,8 +5,12 @@
     evaluate(world_dir, "/ckpt/policy")               # an HF-layout Qwen3-VL folder with tokenizer.json
 
 A checkpoint runs through the JAX sampler (`sampling.Sampler` behind `rollout.SamplerPolicy`), greedy
-(temperature 0), every task through `rollout.runner` with `concurrency` episodes in flight, and is scored with the
-env's reward (`ToolEnv.ascore`, the number RL trains on). When the folder carries the settings it was trained
+(temperature 0) by default, every task through `rollout.runner` with `concurrency` episodes in flight, and is scored
+with the env's reward (`ToolEnv.ascore`, the number RL trains on). A sampled evaluation (`sampling` with a
+temperature, `samples_per_task` episodes a task, optionally only some turns sampled as GRPO's rollouts sample them:
+`branch_turns`, `sample_turns`) scores the distribution RL optimises rather than its mode; its episodes' seeds come
+from `seed` exactly as a rollout actor's do, so two checkpoints evaluated with one seed are compared pairwise
+(`paired_difference`, `compare`). When the folder carries the settings it was trained
 with (`rollout.trained_env`, `ranger_env.json`), the eval uses them: its tools, prompt style, limits and
 reward settings, image pixel bounds and token budgets; an `env_name` (e.g. `"savanna_sim"`) replaces
 the recorded env and reward settings, and keyword options override either. Scripted and callable agents run
@@ -16,10 +20,14 @@ through `env.sim.savanna.evaluate`. Every kind reports the same summary (`savann
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import statistics
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import tqdm
 
 from ranger_jax import env as env_lib
@@ -42,15 +50,20 @@ def is_checkpoint(path: str | os.PathLike) -> bool:
 
 
 class _RowScorer:
-    """The env's own score of each episode, keeping the report row of every finished state."""
+    """The env's own score of each episode, keeping the report rows of every finished state, by task."""
 
     def __init__(self):
-        self.rows: dict[str, savanna.Episode] = {}
+        self.rows: dict[str, list[savanna.Episode]] = {}
 
     async def ascore(self, env: tool_env.ToolEnv, state: tool_env.EnvState) -> core.Score:
         score = await env.ascore(state)
-        self.rows[state.task.id] = savanna.episode_row(env, state, score)
+        self.rows.setdefault(state.task.id, []).append(savanna.episode_row(env, state, score))
         return score
+
+    def passed(self) -> float:
+        """The search score of the episodes finished so far."""
+        episodes = [e for rows in self.rows.values() for e in rows]
+        return sum(e.judgement.search_pass for e in episodes) / max(len(episodes), 1)
 
 
 async def _arun(tool_env: tool_env.ToolEnv, policy: policy_lib.Policy, tasks: list[core.Task], *,
@@ -63,16 +76,90 @@ async def _arun(tool_env: tool_env.ToolEnv, policy: policy_lib.Policy, tasks: li
                 for trajectory in group.trajectories:
                     writer.write(trajectory)
             bar.update(1)
-            passed = sum(e.judgement.search_pass for e in scorer.rows.values())
-            bar.set_postfix(search=f"{passed / len(scorer.rows):.3f}")
+            bar.set_postfix(search=f"{scorer.passed():.3f}")
+
+
+def check_sampled(sampling: policy_lib.SamplingParams, samples_per_task: Any, branch_turns: Any,
+                  sample_turns: Any) -> None:
+    """Raises ValueError for settings a sampled evaluation cannot honour (each named with its value)."""
+    if not isinstance(sampling, policy_lib.SamplingParams):
+        raise ValueError(f"sampling must be a rollout.policy.SamplingParams; got {sampling!r}")
+    if isinstance(samples_per_task, bool) or not isinstance(samples_per_task, int) or samples_per_task < 1:
+        raise ValueError(f"samples_per_task must be an int >= 1; got {samples_per_task!r}")
+    if sampling.greedy and samples_per_task > 1:
+        raise ValueError(f"samples_per_task={samples_per_task} with greedy sampling (temperature 0) plays one "
+                         "episode that many times; give a temperature > 0")
+    branch_turns = runner.checked_branch_turns(branch_turns, "evaluate")
+    runner.check_sample_turns(sample_turns, "evaluate")
+    if sampling.greedy and (branch_turns != (0,) or sample_turns is not None):
+        raise ValueError(f"branch_turns={branch_turns} / sample_turns={sample_turns} choose which turns are "
+                         "sampled; with temperature 0 every turn is greedy")
+
+
+def task_rewards(result: Mapping[str, Any]) -> dict[str, float]:
+    """Mean reward per task id of an evaluation result (over its samples), in the result's task order.
+
+    Raises:
+        ValueError: the result has no episode rows.
+    """
+    rows = result.get("episodes")
+    if not rows:
+        raise ValueError(f"evaluation result of {result.get('policy')!r} has no episode rows")
+    by_task: dict[str, list[float]] = {}
+    for row in rows:
+        by_task.setdefault(row["task_id"], []).append(float(row["reward"]))
+    return {task: statistics.fmean(values) for task, values in by_task.items()}
+
+
+def paired_difference(before: Sequence[float], after: Sequence[float]) -> dict[str, float]:
+    """Mean of `after - before` over the same tasks, with its standard error (paired, sample std) and the unpaired
+    standard error of the two means: one policy beats the other when the difference exceeds two standard errors.
+
+    Raises:
+        ValueError: lists of different lengths, or fewer than two tasks.
+    """
+    if len(before) != len(after) or len(before) < 2:
+        raise ValueError(f"paired_difference needs two equal-length lists of >= 2 rewards; got {len(before)} and "
+                         f"{len(after)}")
+    a, b = np.asarray(before, np.float64), np.asarray(after, np.float64)
+    n = a.size
+    return {"mean": float((b - a).mean()), "se_paired": float((b - a).std(ddof=1) / np.sqrt(n)),
+            "se_unpaired": float(np.sqrt(a.var(ddof=1) / n + b.var(ddof=1) / n)), "num_tasks": n}
+
+
+def compare(baseline: Mapping[str, Any], result: Mapping[str, Any]) -> dict[str, Any]:
+    """`result` against `baseline` task by task: `paired_difference` of their per-task mean rewards, the tasks each
+    one wins, and both evaluations' sampling (compare like with like: the same world, tasks and settings).
+
+    Raises:
+        ValueError: the two were run on different worlds or different tasks.
+    """
+    if baseline.get("world") != result.get("world") or baseline.get("seed") != result.get("seed"):
+        raise ValueError(f"cannot compare evaluations of different worlds: {baseline.get('world')} (seed "
+                         f"{baseline.get('seed')}) and {result.get('world')} (seed {result.get('seed')})")
+    before, after = task_rewards(baseline), task_rewards(result)
+    if list(before) != list(after):
+        missing = sorted(set(before) ^ set(after))
+        raise ValueError(f"cannot compare evaluations of different tasks ({len(before)} and {len(after)}; "
+                         f"not in both: {missing[:5]})" if missing else
+                         "cannot compare evaluations whose tasks are in a different order")
+    diff = paired_difference(list(before.values()), list(after.values()))
+    wins = sum(after[t] > before[t] for t in before)
+    losses = sum(after[t] < before[t] for t in before)
+    return {"baseline": baseline.get("policy"), "policy": result.get("policy"), "reward_difference": diff,
+            "tasks_better": wins, "tasks_worse": losses, "tasks_equal": len(before) - wins - losses,
+            "sampling": {"baseline": baseline.get("sampling"), "policy": result.get("sampling")}}
 
 
 def evaluate_checkpoint(world_dir: str | os.PathLike, checkpoint: str | os.PathLike, *, env_name: str | None = None,
                         limit: int | None = None, concurrency: int = DEFAULT_CONCURRENCY,
                         max_new_tokens: int | None = None, max_context_tokens: int | None = None,
                         blank_observations: bool = False, trajectories_out: str | os.PathLike | None = None,
+                        sampling: policy_lib.SamplingParams = GREEDY, samples_per_task: int = 1,
+                        branch_turns: tuple[int, ...] = (0,), sample_turns: int | None = None, seed: int = 0,
                         progress: bool = False, **env_options: Any) -> dict[str, Any]:
-    """Runs a checkpoint greedily on the world's tasks (see the module docstring); returns the summary and rows.
+    """Runs a checkpoint on the world's tasks, greedily unless `sampling` says otherwise (module docstring);
+    returns the summary and one row per episode.
 
     Args:
         world_dir: a world built by `ranger_jax.env.sim.build`.
@@ -86,17 +173,28 @@ def evaluate_checkpoint(world_dir: str | os.PathLike, checkpoint: str | os.PathL
         blank_observations: the policy sees every observation blank (evaluating a blind control policy as it
             was trained; `episode.EpisodeConfig.blank_observations`).
         trajectories_out: also write every episode as a trajectory shard here (e.g. for `data.viewer`).
+        sampling: how the sampled turns are drawn (default greedy: the policy's mode).
+        samples_per_task: episodes a task (> 1 needs a temperature > 0). The summary's means are over every
+            episode (a task's rows follow one another, in a fixed order); `reward_per_task` holds each task's mean
+            reward in task order.
+        branch_turns / sample_turns: which turns are sampled (`runner.RolloutConfig`: the turns before a group's
+            branching turn, and those after its `sample_turns` sampled ones, are greedy), e.g. `(2,)` and 1 to
+            score a policy the way GRPO rollouts that sample turn 2 alone play it.
+        seed: base seed of the episodes' sampling seeds (`runner.episode_seed(seed, task index, sample)`, as an
+            actor run with that seed and no rounds).
         progress: show a tqdm bar with the running search score.
         **env_options: passed to `env.make`, over everything else.
 
     Raises:
         FileNotFoundError: the folder has no `config.json` or no `tokenizer.json`.
-        ValueError: a bad `ranger_env.json` or option, or a `limit` below 1.
+        ValueError: a bad `ranger_env.json` or option, or a `limit` below 1, or sampling settings that do not fit
+            together (`check_sampled`).
     """
-    from ranger_jax import sampling  # jax and the model load only when a checkpoint is evaluated
+    from ranger_jax import sampling as sampling_lib  # jax and the model load only when a checkpoint is evaluated
     from ranger_jax.models import qwen3_vl
 
     savanna.check_limit(limit)
+    check_sampled(sampling, samples_per_task, branch_turns, sample_turns)
     if not is_checkpoint(checkpoint):
         raise FileNotFoundError(f"{checkpoint} is not a checkpoint folder (no config.json)")
     trained = trained_env.read(checkpoint) or trained_env.TrainedEnv()
@@ -111,11 +209,12 @@ def evaluate_checkpoint(world_dir: str | os.PathLike, checkpoint: str | os.PathL
                "max_context_tokens": episode_lib.GEN_SEARCHER_MAX_CONTEXT, **trained.episode}
     budgets.update({k: v for k, v in (("max_new_tokens", max_new_tokens),
                                       ("max_context_tokens", max_context_tokens)) if v is not None})
-    config = runner.RolloutConfig(group_size=1, concurrency=concurrency, seed=0, run_id="eval",
-                                  episode=episode_lib.EpisodeConfig(sampling=GREEDY, vision=vision,
+    config = runner.RolloutConfig(group_size=samples_per_task, concurrency=concurrency, seed=seed, run_id="eval",
+                                  branch_turns=tuple(branch_turns), sample_turns=sample_turns,
+                                  episode=episode_lib.EpisodeConfig(sampling=sampling, vision=vision,
                                                                     blank_observations=blank_observations,
                                                                     **budgets))
-    sampler = sampling.Sampler(model, suppress_token_ids=sorted(tokenizer.vision_ids))
+    sampler = sampling_lib.Sampler(model, suppress_token_ids=sorted(tokenizer.vision_ids))
     policy = sampler_policy.SamplerPolicy(sampler, num_rows=concurrency, name=f"jax:{Path(checkpoint).name}")
     renderer = chat_lib.ChatRenderer(tokenizer, merge_size=vision.merge_size)
     options = env_options if env_name is not None else {**trained.env, **trained.rewards, **env_options}
@@ -136,9 +235,16 @@ def evaluate_checkpoint(world_dir: str | os.PathLike, checkpoint: str | os.PathL
                             "max_answer_refs": tool_env.config.max_answer_refs},
                     "rewards": dict(tool_env.rewards),
                     "image": {"min_pixels": vision.min_pixels, "max_pixels": vision.max_pixels}, "episode": budgets}
-    episodes = [scorer.rows[task.id] for task in tasks]
-    return {**savanna.report(str(checkpoint), world_dir, the_world, episodes), "settings": settings,
-            "sampling": {"temperature": GREEDY.temperature, "concurrency": concurrency}}
+    # a task's samples in a fixed order (not the order they finished in, which depends on `concurrency`)
+    episodes = [e for task in tasks for e in sorted(scorer.rows[task.id], key=lambda e: json.dumps(e.row()))]
+    result = savanna.report(str(checkpoint), world_dir, the_world, episodes)
+    result["num_tasks"] = len(tasks)
+    result["num_tasks_by_domain"] = {d: n // samples_per_task for d, n in result["num_tasks_by_domain"].items()}
+    result["reward_per_task"] = [round(r, 4) for r in task_rewards(result).values()]
+    return {**result, "settings": settings,
+            "sampling": {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
+                         "samples_per_task": samples_per_task, "branch_turns": list(config.branch_turns),
+                         "sample_turns": sample_turns, "seed": seed, "concurrency": concurrency}}
 
 
 def evaluate(world_dir: str | os.PathLike, policy: str | os.PathLike | savanna.Agent, *,

@@ -192,18 +192,6 @@ def test_teacher_rejection_keeps_only_good_episodes(run, tmp_path):
     assert all(r >= threshold for r in kept)
 
 
-def test_paired_difference_of_grpo_over_sft():
-    import numpy as np
-    before, after = [0.0, 0.5, 1.0, 0.2], [0.5, 0.5, 1.0, 0.6]
-    got = sim_tiny.paired_difference(before, after)
-    d = np.array(after) - np.array(before)
-    assert got["num_tasks"] == 4 and got["mean"] == pytest.approx(d.mean())
-    assert got["se_paired"] == pytest.approx(d.std(ddof=1) / 2)
-    assert got["se_unpaired"] == pytest.approx(np.sqrt(np.var(before, ddof=1) / 4 + np.var(after, ddof=1) / 4))
-    with pytest.raises(ValueError, match="equal-length"):
-        sim_tiny.paired_difference([0.1, 0.2], [0.1])
-
-
 def test_blind_micro_run_survives_rounds_with_nothing_to_train(tmp_path):
     # blind, the micro policy's groups all score alike: the filters keep no row, and such a round is skipped
     summary = sim_tiny.run(dataclasses.replace(MICRO, blind=True, first_turn_steps=1, copy_warmup_steps=1), tmp_path)

@@ -1,15 +1,19 @@
-"""Savanna-style evaluation of a checkpoint through the JAX sampler (greedy), with the env settings it carries
-(`ranger_env.json`), and of agents by name, object or callable."""
+"""Savanna-style evaluation of a checkpoint through the JAX sampler (greedy, or sampled as GRPO rollouts sample),
+with the env settings it carries (`ranger_env.json`), of agents by name, object or callable, and the paired
+comparison of two evaluations."""
 
 import json
+import re
 import runpy
 import shutil
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from ranger_jax import env
+from ranger_jax.data import shards
 from ranger_jax.rollout import episode, evaluate, policy, sequence, trained_env
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,7 +41,9 @@ def test_checkpoint_eval_uses_its_settings_and_is_deterministic(checkpoint, worl
                                  "rewards": {"kind": "sim", "text_coef": 0.5},
                                  "image": {"min_pixels": 1024, "max_pixels": 16_384},
                                  "episode": {"max_new_tokens": 12, "max_context_tokens": 1024}}
-    assert first["sampling"] == {"temperature": 0.0, "concurrency": 2}
+    assert first["sampling"] == {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "samples_per_task": 1,
+                                 "branch_turns": [0], "sample_turns": None, "seed": 0, "concurrency": 2}
+    assert first["reward_per_task"] == [row["reward"] for row in first["episodes"]]
     assert first["search_score"] == first["reward_mean"] == 0.0  # a random policy never answers
     for row in first["episodes"]:
         assert row["termination"] in ("repeated_response", "no_answer") and row["zero_reason"] is not None
@@ -102,3 +108,113 @@ def test_trained_env_file_round_trip_and_errors(tmp_path, world_dir):
     path.write_text("{not json")
     with pytest.raises(ValueError, match="not valid JSON"):
         trained_env.read(tmp_path)
+
+
+def _assistant_turns(trajectory) -> list[str]:
+    return [str(m["content"]) for m in trajectory.messages if m["role"] == "assistant"]
+
+
+def test_sampled_eval_draws_only_the_branch_turns_seeded_like_an_actor(checkpoint, world_dir, tmp_path):
+    sampled = dict(sampling=policy.SamplingParams(temperature=1.0, top_p=1.0), samples_per_task=3,
+                   branch_turns=(1,), sample_turns=1, seed=5, limit=2)
+    greedy = evaluate.evaluate_checkpoint(world_dir, checkpoint, limit=2, concurrency=2,
+                                          trajectories_out=tmp_path / "greedy.array_record")
+    first = evaluate.evaluate_checkpoint(world_dir, checkpoint, concurrency=2,
+                                         trajectories_out=tmp_path / "sampled.array_record", **sampled)
+    assert first["num_tasks"] == 2 and len(first["episodes"]) == 6 and len(first["reward_per_task"]) == 2
+    assert sum(first["num_tasks_by_domain"].values()) == 2
+    assert [row["task_id"] for row in first["episodes"]] == [row["task_id"] for row in greedy["episodes"]
+                                                            for _ in range(3)]
+    assert first["sampling"] == {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "samples_per_task": 3,
+                                 "branch_turns": [1], "sample_turns": 1, "seed": 5, "concurrency": 2}
+    # the same seed gives the same episodes whatever the number in flight; another seed other samples
+    again = evaluate.evaluate_checkpoint(world_dir, checkpoint, concurrency=3, **sampled)
+    assert again["episodes"] == first["episodes"]
+    other = evaluate.evaluate_checkpoint(world_dir, checkpoint, concurrency=2, **{**sampled, "seed": 6})
+    assert [r["last_response"] for r in other["episodes"]] != [r["last_response"] for r in first["episodes"]]
+    # turn 0 is the greedy turn every sample shares; turn 1 is drawn (the random policy's samples differ)
+    greedy_turns = {t.task_id: _assistant_turns(t) for t in shards.read_shard(tmp_path / "greedy.array_record")}
+    by_task: dict[str, list[list[str]]] = {}
+    for t in shards.read_shard(tmp_path / "sampled.array_record"):
+        by_task.setdefault(t.task_id, []).append(_assistant_turns(t))
+    assert sorted(by_task) == sorted(greedy_turns)
+    for task_id, samples in by_task.items():
+        assert len(samples) == 3 and all(turns[0] == greedy_turns[task_id][0] for turns in samples)
+        assert len({turns[1] for turns in samples if len(turns) > 1}) > 1
+
+
+def test_sampled_eval_errors(checkpoint, world_dir):
+    warm = policy.SamplingParams(temperature=1.0)
+    for options, match in [
+        ({"samples_per_task": 0, "sampling": warm}, "samples_per_task must be an int >= 1; got 0"),
+        ({"samples_per_task": 4}, r"samples_per_task=4 with greedy sampling \(temperature 0\) plays one episode"),
+        ({"branch_turns": (2,)}, r"branch_turns=\(2,\) / sample_turns=None choose which turns are sampled"),
+        ({"sampling": warm, "branch_turns": (-1,)}, "evaluate.branch_turns must be a non-empty tuple"),
+        ({"sampling": warm, "sample_turns": 0}, "evaluate.sample_turns must be None or an int >= 1; got 0"),
+        ({"sampling": {"temperature": 1.0}}, "sampling must be a rollout.policy.SamplingParams"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            evaluate.evaluate_checkpoint(world_dir, checkpoint, **options)
+
+
+def test_paired_difference_and_compare():
+    before, after = [0.0, 0.5, 1.0, 0.2], [0.5, 0.5, 1.0, 0.6]
+    got = evaluate.paired_difference(before, after)
+    d = np.array(after) - np.array(before)
+    assert got["num_tasks"] == 4 and got["mean"] == pytest.approx(d.mean())
+    assert got["se_paired"] == pytest.approx(d.std(ddof=1) / 2)
+    assert got["se_unpaired"] == pytest.approx(np.sqrt(np.var(before, ddof=1) / 4 + np.var(after, ddof=1) / 4))
+    with pytest.raises(ValueError, match="equal-length"):
+        evaluate.paired_difference([0.1, 0.2], [0.1])
+
+    def result(policy_name, rewards_by_task, world="w", seed=1):
+        rows = [{"task_id": t, "reward": r} for t, rewards in rewards_by_task.items() for r in rewards]
+        return {"policy": policy_name, "world": world, "seed": seed, "episodes": rows, "sampling": {"seed": 7}}
+
+    # per-task means over samples are what is paired
+    base = result("sft", {"a": [0.0, 1.0], "b": [0.5, 0.5], "c": [0.2, 0.0]})
+    new = result("grpo", {"a": [1.0, 1.0], "b": [0.5, 0.5], "c": [0.0, 0.0]})
+    assert evaluate.task_rewards(base) == {"a": 0.5, "b": 0.5, "c": 0.1}
+    got = evaluate.compare(base, new)
+    assert got["reward_difference"] == evaluate.paired_difference([0.5, 0.5, 0.1], [1.0, 0.5, 0.0])
+    assert (got["tasks_better"], got["tasks_worse"], got["tasks_equal"]) == (1, 1, 1)
+    assert (got["baseline"], got["policy"]) == ("sft", "grpo")
+    with pytest.raises(ValueError, match=r"different worlds: w \(seed 1\) and w \(seed 2\)"):
+        evaluate.compare(base, result("x", {"a": [0.0]}, seed=2))
+    with pytest.raises(ValueError, match=r"different tasks \(3 and 2; not in both: \['c'\]\)"):
+        evaluate.compare(base, result("x", {"a": [0.0], "b": [0.0]}))
+    with pytest.raises(ValueError, match="in a different order"):
+        evaluate.compare(base, result("x", {"b": [0.0], "a": [0.0], "c": [0.0]}))
+    with pytest.raises(ValueError, match="'x' has no episode rows"):
+        evaluate.task_rewards({"policy": "x", "episodes": []})
+
+
+def _cli(monkeypatch, *args):
+    monkeypatch.setattr(sys, "argv", ["savanna_sim.py", *args])
+    runpy.run_path(str(REPO / "evals" / "savanna_sim.py"), run_name="__main__")
+
+
+def test_sampled_eval_and_comparison_from_the_command_line(checkpoint, world_dir, tmp_path, monkeypatch, capsys):
+    common = ["--world", str(world_dir), "--policy", str(checkpoint), "--limit", "2", "--concurrency", "2"]
+    sampled = ["--temperature", "1", "--samples", "2", "--branch-turns", "1", "--sample-turns", "1", "--seed", "3"]
+    _cli(monkeypatch, *common, "--json", str(tmp_path / "greedy.json"))
+    _cli(monkeypatch, *common, *sampled, "--json", str(tmp_path / "sampled.json"),
+         "--baseline", str(tmp_path / "greedy.json"))
+    assert "reward - baseline (" in capsys.readouterr().out
+    got = json.loads((tmp_path / "sampled.json").read_text())
+    direct = evaluate.evaluate_checkpoint(world_dir, checkpoint, limit=2, concurrency=2, samples_per_task=2,
+                                          sampling=policy.SamplingParams(temperature=1.0, top_p=1.0),
+                                          branch_turns=(1,), sample_turns=1, seed=3)
+    assert got["episodes"] == json.loads(json.dumps(direct["episodes"])) and got["sampling"] == direct["sampling"]
+    greedy = json.loads((tmp_path / "greedy.json").read_text())
+    assert got["comparison"] == json.loads(json.dumps(evaluate.compare(greedy, direct)))
+    for args, match in [
+        (["--policy", "expert", "--temperature", "1"], r"--temperature only apply to checkpoints; 'expert' is a"),
+        ([*common[2:], "--temperature", "1", "--branch-turns", "two"], "--branch-turns must be comma-separated"),
+        ([*common[2:], "--temperature", "-1"], "--temperature/--top-p/--top-k: temperature must be a number >= 0"),
+        ([*common[2:], "--samples", "3"], r"samples_per_task=3 with greedy sampling"),
+        ([*common[2:], "--baseline", str(tmp_path / "missing.json")], "--baseline .*missing.json"),
+    ]:
+        with pytest.raises(SystemExit):
+            _cli(monkeypatch, "--world", str(world_dir), "--json", str(tmp_path / "x.json"), *args)
+        assert re.search(match, capsys.readouterr().err), (args, match)
