@@ -30,7 +30,7 @@ from pathlib import Path
 
 from ranger_jax import fileio
 from ranger_jax.env.sim import savanna
-from ranger_jax.rollout import evaluate, policy as policy_lib
+from ranger_jax.rollout import evaluate, policy as policy_lib, runner
 
 SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "samples", "branch_turns", "sample_turns", "seed")
 
@@ -95,9 +95,9 @@ def main() -> None:
 
 def _sampled_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict:
     try:
-        branch_turns = tuple(int(t) for t in (args.branch_turns or "0").split(","))
-    except ValueError:
-        parser.error(f"--branch-turns must be comma-separated turn numbers; got {args.branch_turns!r}")
+        branch_turns = runner.parse_branch_turns(args.branch_turns or "0")
+    except ValueError as err:
+        parser.error(str(err))
     try:
         sampling = policy_lib.SamplingParams(temperature=0.0 if args.temperature is None else args.temperature,
                                              top_p=1.0 if args.top_p is None else args.top_p,

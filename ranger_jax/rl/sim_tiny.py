@@ -561,10 +561,8 @@ def _run(config: SimTinyConfig, out: Path, actor_env: dict[str, str]) -> dict[st
                 "tokens_per_s": sft_result.tokens_per_s, **teacher_stats},
         "pre_sft": pre_sft,
         "grpo": dataclasses.asdict(grpo_result) if grpo_result else None,
-        "grpo_minus_sft_reward": evaluate.paired_difference([e["reward"] for e in sft_eval["episodes"]],
-                                                   [e["reward"] for e in grpo_eval["episodes"]]),
-        "reward_per_task": {"sft": [e["reward"] for e in sft_eval["episodes"]],
-                            "grpo": [e["reward"] for e in grpo_eval["episodes"]]},
+        "grpo_minus_sft_reward": evaluate.compare(sft_eval, grpo_eval)["reward_difference"],
+        "reward_per_task": {"sft": sft_eval["reward_per_task"], "grpo": grpo_eval["reward_per_task"]},
         "timings_s": timings, "wall_seconds": round(time.monotonic() - started, 1),
         "config": dataclasses.asdict(config),
     }

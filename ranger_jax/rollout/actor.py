@@ -337,9 +337,9 @@ def main(argv: Sequence[str] | None = None) -> ActorSummary | decoupled.RoundsSu
     api_key = os.environ.get(args.policy_api_key_env)
     vision = sequence.VisionSettings(min_pixels=args.min_pixels, max_pixels=args.max_pixels)
     try:
-        branch_turns = tuple(int(t) for t in args.branch_turns.split(","))
-    except ValueError:
-        parser.error(f"--branch-turns must be comma-separated ints; got {args.branch_turns!r}")
+        branch_turns = runner.parse_branch_turns(args.branch_turns)
+    except ValueError as err:
+        parser.error(str(err))
     if args.sample_turns is not None and args.sample_turns < 1:
         parser.error(f"--sample-turns must be >= 1; got {args.sample_turns}")
     if args.greedy_member and args.group_size < 2:

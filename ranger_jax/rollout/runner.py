@@ -99,6 +99,18 @@ def checked_branch_turns(value: Any, owner: str) -> tuple[int, ...]:
     return turns
 
 
+def parse_branch_turns(text: str) -> tuple[int, ...]:
+    """Branching turns from a command line's comma-separated `--branch-turns` value (e.g. "2" or "1,2,3").
+
+    Raises:
+        ValueError: a part that is not an int, naming the whole value.
+    """
+    try:
+        return tuple(int(t) for t in text.split(","))
+    except ValueError:
+        raise ValueError(f"--branch-turns must be comma-separated ints; got {text!r}") from None
+
+
 def check_sample_turns(value: Any, owner: str) -> None:
     """Raises ValueError naming `owner`'s field unless `value` is None or an int >= 1."""
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
