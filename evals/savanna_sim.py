@@ -32,7 +32,8 @@ from ranger_jax import fileio
 from ranger_jax.env.sim import savanna
 from ranger_jax.rollout import evaluate, policy as policy_lib, runner
 
-SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "samples", "branch_turns", "sample_turns", "seed")
+SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "draw_below", "max_draws", "samples", "branch_turns",
+                  "sample_turns", "seed")
 
 
 def main() -> None:
@@ -51,6 +52,11 @@ def main() -> None:
     sampled.add_argument("--temperature", type=float, default=None, help="sample at this temperature (0 = greedy)")
     sampled.add_argument("--top-p", type=float, default=None, help="nucleus mass (default 1: off)")
     sampled.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens (default -1: all)")
+    sampled.add_argument("--draw-below", type=float, default=None,
+                         help="decision sampling: draw a token only where the most likely one's probability is below "
+                              "this, the argmax elsewhere (default 1: draw everywhere)")
+    sampled.add_argument("--max-draws", type=int, default=None,
+                         help="decision sampling: draw at most this many tokens a turn (default 0: no limit)")
     sampled.add_argument("--samples", type=int, default=None, help="episodes per task (default 1)")
     sampled.add_argument("--branch-turns", default=None,
                          help="comma-separated turns a task's samples branch at; earlier turns are greedy and shared "
@@ -101,9 +107,11 @@ def _sampled_options(parser: argparse.ArgumentParser, args: argparse.Namespace) 
     try:
         sampling = policy_lib.SamplingParams(temperature=0.0 if args.temperature is None else args.temperature,
                                              top_p=1.0 if args.top_p is None else args.top_p,
-                                             top_k=-1 if args.top_k is None else args.top_k)
+                                             top_k=-1 if args.top_k is None else args.top_k,
+                                             draw_below=1.0 if args.draw_below is None else args.draw_below,
+                                             max_draws=0 if args.max_draws is None else args.max_draws)
     except ValueError as err:
-        parser.error(f"--temperature/--top-p/--top-k: {err}")
+        parser.error(f"--temperature/--top-p/--top-k/--draw-below/--max-draws: {err}")
     return {"sampling": sampling, "samples_per_task": 1 if args.samples is None else args.samples,
             "branch_turns": branch_turns, "sample_turns": args.sample_turns,
             "seed": 0 if args.seed is None else args.seed}

@@ -115,6 +115,11 @@ class SimTinyConfig:
     # nucleus mass and top-k of the GRPO samples (1.0 / -1: the whole distribution)
     top_p: float = 1.0
     top_k: int = -1
+    # decision sampling of the GRPO rollouts (`policy.SamplingParams.draw_below` / `max_draws`): draw a token only
+    # where the policy's most likely one has probability below `draw_below`, at most `max_draws` a turn, the
+    # argmax elsewhere; only drawn tokens are trained (1.0 / 0: every token of the sampled turn drawn and trained)
+    draw_below: float = 1.0
+    max_draws: int = 0
     # turns each GRPO group may branch at (runner.RolloutConfig.branch_turns; (0,): whole episodes sampled) and how
     # many turns from there are sampled (None: all; the later ones are greedy, untrained context). Turn 2 is the
     # find_object description, where the SFT policy's held-out failures are (which snippet's look it copies).
@@ -164,7 +169,7 @@ class SimTinyConfig:
             raise ValueError(f"SimTinyConfig.shared_prefix needs sample_turns=1 (a member's trained tokens are then "
                              f"text after the group's shared context); got sample_turns={self.sample_turns}")
         try:
-            policy_lib.SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
+            sampling = self.grpo_sampling()
         except ValueError as error:
             raise ValueError(f"SimTinyConfig sampling of the GRPO rollouts: {error}") from None
         if isinstance(self.grpo_frozen, str) or not all(isinstance(n, str) for n in self.grpo_frozen):
@@ -180,6 +185,14 @@ class SimTinyConfig:
             raise ValueError(f"GRPO needs group_size >= 2; got {self.group_size}")
         if not isinstance(self.greedy_member, bool):
             raise ValueError(f"SimTinyConfig.greedy_member must be a bool; got {self.greedy_member!r}")
+        if self.greedy_member and sampling.limits_draws:
+            raise ValueError("SimTinyConfig.greedy_member trains the greedy member's whole turn, decision sampling "
+                             "(draw_below / max_draws) only drawn tokens: use one or the other")
+
+    def grpo_sampling(self) -> policy_lib.SamplingParams:
+        """How the GRPO rollouts' sampled turns are sampled."""
+        return policy_lib.SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                                         draw_below=self.draw_below, max_draws=self.max_draws)
 
     # seeds: each run seed owns [1000·seed + 1, 1000·seed + 999]; the eval seed is never a training seed
     def sft_seeds(self) -> list[int]:
@@ -261,8 +274,7 @@ def train_tokenizer(config: SimTinyConfig, worlds: list[Path], out: Path) -> Any
 def rollout_config(config: SimTinyConfig, *, group_size: int = 1, greedy: bool = False,
                    seed: int = 0) -> runner.RolloutConfig:
     """How the run's episodes are rolled out (tiny images, short turns, blank observations when blind)."""
-    sampling = (policy_lib.SamplingParams(temperature=0.0, top_p=1.0) if greedy else
-                policy_lib.SamplingParams(temperature=config.temperature, top_p=config.top_p, top_k=config.top_k))
+    sampling = policy_lib.SamplingParams(temperature=0.0, top_p=1.0) if greedy else config.grpo_sampling()
     return runner.RolloutConfig(group_size=group_size, concurrency=16, seed=seed, episode=episode.EpisodeConfig(
         max_new_tokens=config.max_new_tokens, max_context_tokens=4096, sampling=sampling,
         vision=tiny_policy.VISION, blank_observations=config.blind))
@@ -278,7 +290,7 @@ def record_teacher(config: SimTinyConfig, worlds: list[Path], tokenizer: Any, ou
             with env_lib.make("offline", world=str(folder), **config.env_options()) as tool_env:
                 scripted = policy_lib.ScriptedPolicy(teacher(config), tokenizer, name="teacher")
                 groups = runner.run(tool_env, scripted, world.load_tasks(folder), renderer=renderer,
-                                    config=rollout_config(config),
+                                    config=rollout_config(config, greedy=True),  # scripted: no sampling
                                     scorer=scoring.make_scorer(tool_env, generate_images=False))
             # in task order, not completion order: the same seed writes the same shards (the SFT data order)
             for trajectory in (t for g in sorted(groups, key=lambda g: g.group_id) for t in g.trajectories):
@@ -331,7 +343,8 @@ def actor_command(config: SimTinyConfig, *, env_file: Path, grpo_world: Path, we
                "--group-size", str(config.group_size), "--tasks-per-round", str(config.grpo_tasks_per_step),
                "--concurrency", str(actor_rows(config)), "--records-per-shard", str(actor_rows(config)),
                "--temperature", str(config.temperature), "--top-p", str(config.top_p),
-               "--top-k", str(config.top_k),
+               "--top-k", str(config.top_k), "--draw-below", str(config.draw_below),
+               "--max-draws", str(config.max_draws),
                "--max-new-tokens", str(config.max_new_tokens), "--max-context-tokens", "4096",
                "--min-pixels", str(vision.min_pixels), "--max-pixels", str(vision.max_pixels),
                "--seed", str(config.seed), "--run-id", "grpo", "--metrics", str(metrics_path), "--no-images",

@@ -289,6 +289,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--top-p", type=float, default=0.95)
     p.add_argument("--top-k", type=int, default=-1)
+    p.add_argument("--draw-below", type=float, default=1.0,
+                   help="decision sampling (jax policy): draw a token only where the most likely one's probability "
+                        "is below this, the argmax elsewhere; only drawn tokens are trained (1 = draw everywhere)")
+    p.add_argument("--max-draws", type=int, default=0,
+                   help="decision sampling (jax policy): draw at most this many tokens a turn (0 = no limit)")
     p.add_argument("--min-pixels", type=int, default=sequence.QWEN3_VL_MIN_PIXELS)
     p.add_argument("--max-pixels", type=int, default=sequence.GEN_SEARCHER_MAX_PIXELS)
     p.add_argument("--no-images", action="store_true", help="sim rewards: skip the compositor image")
@@ -344,12 +349,22 @@ def main(argv: Sequence[str] | None = None) -> ActorSummary | decoupled.RoundsSu
         parser.error(f"--sample-turns must be >= 1; got {args.sample_turns}")
     if args.greedy_member and args.group_size < 2:
         parser.error(f"--greedy-member needs --group-size >= 2 (a greedy member and samples); got {args.group_size}")
+    try:
+        sampling = policy_lib.SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                                             draw_below=args.draw_below, max_draws=args.max_draws)
+    except ValueError as err:
+        parser.error(f"--temperature/--top-p/--top-k/--draw-below/--max-draws: {err}")
+    if sampling.limits_draws and args.policy != "jax":
+        parser.error(f"--draw-below/--max-draws need --policy jax (got --policy {args.policy})")
+    if sampling.limits_draws and args.greedy_member:
+        parser.error("--greedy-member trains the greedy member's whole turn, --draw-below/--max-draws only drawn "
+                     "tokens: use one or the other")
     config = runner.RolloutConfig(
         group_size=args.group_size, concurrency=args.concurrency, seed=args.seed, run_id=args.run_id,
         branch_turns=branch_turns, sample_turns=args.sample_turns, greedy_member=args.greedy_member,
         episode=episode_lib.EpisodeConfig(
             max_new_tokens=args.max_new_tokens, max_context_tokens=args.max_context_tokens, vision=vision,
-            sampling=policy_lib.SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k),
+            sampling=sampling,
             blank_observations=args.blank_observations))
     renderer = chat_lib.ChatRenderer(tokenizer, merge_size=vision.merge_size)
     with env_lib.make(args.env, **({"world": args.world} if args.world else {})) as tool_env:

@@ -138,6 +138,21 @@ def turn_seed(seed: int, turn: int) -> int:
     return int(np.random.SeedSequence([seed & 0xFFFFFFFF, seed >> 32, turn]).generate_state(1)[0] & 0x7FFFFFFF)
 
 
+def _trained(sampled: bool, sampling: policy_lib.SamplingParams, gen: policy_lib.Generation) -> bool | np.ndarray:
+    """Which ids of a turn are trained: a sampled turn's, all of them, or with decision sampling
+    (`SamplingParams.limits_draws`) only the ids it drew — its argmax ids were not chosen by sampling.
+
+    Raises:
+        ValueError: decision sampling with a backend that does not report which ids it drew.
+    """
+    if not sampled or not sampling.limits_draws:
+        return sampled
+    if gen.drawn is None:
+        raise ValueError("decision sampling (draw_below / max_draws) needs a policy backend that reports which ids "
+                         "it drew (the JAX sampler)")
+    return gen.drawn
+
+
 def _decode_turn(renderer: chat.ChatRenderer, token_ids: np.ndarray) -> str:
     """The text of a turn for the env: its ids decoded, a final stop token left out."""
     tok = renderer.tokenizer
@@ -242,7 +257,7 @@ async def _loop(env: tool_env.ToolEnv, policy: policy_lib.Policy, ep: _Episode, 
         ep.seq.append(ep.generation_prompt)  # only now: a failed turn leaves the sequence at a turn boundary
         ep.versions.append(gen.policy_version)
         ep.weight_versions.append(gen.weight_version)
-        ep.seq.append_generated(gen.token_ids, gen.logprobs, trained=sampled)
+        ep.seq.append_generated(gen.token_ids, gen.logprobs, trained=_trained(sampled, request.sampling, gen))
         if not gen.token_ids.size or int(gen.token_ids[-1]) != tok.im_end_id:
             ep.seq.append(chat.Rendered(np.asarray([tok.im_end_id], np.int32), np.zeros(1, bool), (),
                                         np.zeros((0, 3), np.int64)))

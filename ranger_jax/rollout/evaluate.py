@@ -243,6 +243,7 @@ def evaluate_checkpoint(world_dir: str | os.PathLike, checkpoint: str | os.PathL
     result["reward_per_task"] = [round(r, 4) for r in task_rewards(result).values()]
     return {**result, "settings": settings,
             "sampling": {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
+                         "draw_below": sampling.draw_below, "max_draws": sampling.max_draws,
                          "samples_per_task": samples_per_task, "branch_turns": list(config.branch_turns),
                          "sample_turns": sample_turns, "seed": seed, "concurrency": concurrency}}
 

@@ -102,6 +102,9 @@ class HarnessPolicy:
         Raises:
             ClientError (and subclasses): the server failed after retries.
         """
+        if request.sampling.limits_draws:
+            raise ValueError("draw_below / max_draws (decision sampling) need the JAX sampler; a chat endpoint "
+                             "samples every token")
         messages = self._messages(request)
         extra: dict[str, Any] = {"top_p": float(request.sampling.top_p), "seed": int(request.seed)}
         if request.sampling.top_k != -1:

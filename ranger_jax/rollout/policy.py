@@ -33,6 +33,11 @@ class SamplingParams:
     temperature: float = 0.7  # 0 = greedy
     top_p: float = 0.95  # nucleus mass, in (0, 1]
     top_k: int = -1  # -1 = the whole vocabulary
+    # decision sampling (the JAX sampler only): draw a token only where the policy's most likely token has
+    # probability below `draw_below`, and at most `max_draws` tokens a turn; take the argmax everywhere else. Only
+    # drawn tokens are trained, so a GRPO group's samples differ in, and are credited for, their uncertain choices.
+    draw_below: float = 1.0  # 1 = draw at every position
+    max_draws: int = 0  # 0 = no limit
 
     def __post_init__(self):
         if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) \
@@ -42,11 +47,21 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1]; got {self.top_p!r}")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or (self.top_k < 1 and self.top_k != -1):
             raise ValueError(f"top_k must be a positive int or -1 (all); got {self.top_k!r}")
+        if isinstance(self.draw_below, bool) or not isinstance(self.draw_below, (int, float)) \
+                or not 0 < self.draw_below <= 1:
+            raise ValueError(f"draw_below must be in (0, 1] (1 = draw at every position); got {self.draw_below!r}")
+        if isinstance(self.max_draws, bool) or not isinstance(self.max_draws, int) or self.max_draws < 0:
+            raise ValueError(f"max_draws must be an int >= 0 (0 = no limit); got {self.max_draws!r}")
 
     @property
     def greedy(self) -> bool:
         """Whether sampling is greedy (temperature 0)."""
         return self.temperature == 0
+
+    @property
+    def limits_draws(self) -> bool:
+        """Whether a sampled turn draws only some of its tokens (`draw_below` < 1 or `max_draws` > 0)."""
+        return not self.greedy and (self.draw_below < 1 or self.max_draws > 0)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -89,6 +104,8 @@ class Generation:
         policy_version: integer version of the weights that produced it (staleness control).
         weight_version: the backend's own version label (SGLang `meta_info.weight_version`), when it has one.
         info: backend facts worth keeping on the trajectory (JSON: usage, abort message, …).
+        drawn: [N] bool, which ids were drawn from the distribution (the rest are the argmax); None when the
+            backend does not say. A turn whose sampling limits draws trains its drawn ids only.
     """
 
     token_ids: np.ndarray
@@ -97,6 +114,7 @@ class Generation:
     policy_version: int = 0
     weight_version: str = ""
     info: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    drawn: np.ndarray | None = None
 
     def __post_init__(self):
         ids = np.asarray(self.token_ids)
@@ -108,6 +126,11 @@ class Generation:
             raise ValueError(f"Generation has {ids.size} token_ids but {logprobs.size} logprobs")
         if self.finish_reason not in FINISH_REASONS:
             raise ValueError(f"finish_reason {self.finish_reason!r} is not one of {FINISH_REASONS}")
+        if self.drawn is not None:
+            drawn = np.asarray(self.drawn).reshape(-1)
+            if drawn.shape != ids.shape:
+                raise ValueError(f"Generation has {ids.size} token_ids but {drawn.size} drawn flags")
+            object.__setattr__(self, "drawn", drawn.astype(bool))
         object.__setattr__(self, "token_ids", ids.astype(np.int32))
         object.__setattr__(self, "logprobs", logprobs)
 

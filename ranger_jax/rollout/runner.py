@@ -65,6 +65,9 @@ class RolloutConfig:
         if self.greedy_member and self.group_size < 2:
             raise ValueError(f"RolloutConfig.greedy_member needs group_size >= 2 (a greedy member and samples); "
                              f"got {self.group_size}")
+        if self.greedy_member and self.episode.sampling.limits_draws:
+            raise ValueError("RolloutConfig.greedy_member trains the greedy member's whole turn, decision sampling "
+                             "(draw_below / max_draws) only the drawn ids: use one or the other")
 
 
 @dataclasses.dataclass(frozen=True)

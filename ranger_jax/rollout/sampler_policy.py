@@ -40,7 +40,8 @@ def sampler_params(request: policy_lib.TurnRequest) -> sampling.SamplingParams:
     s = request.sampling
     return sampling.SamplingParams(temperature=float(s.temperature), top_p=float(s.top_p),
                                    top_k=0 if s.top_k == -1 else int(s.top_k), max_new_tokens=request.max_new_tokens,
-                                   stop_token_ids=tuple(request.stop_token_ids), seed=int(request.seed) & 0xFFFFFFFF)
+                                   stop_token_ids=tuple(request.stop_token_ids), seed=int(request.seed) & 0xFFFFFFFF,
+                                   draw_below=float(s.draw_below), max_draws=int(s.max_draws))
 
 
 def new_segment(held: list[int], request: policy_lib.TurnRequest) -> sampling.Segment | None:
@@ -147,7 +148,7 @@ class SamplerPolicy:
         completion, batch_size = await future
         return policy_lib.Generation(token_ids=completion.token_ids, logprobs=completion.logprobs,
                                      finish_reason=completion.finish_reason, policy_version=self.policy_version,
-                                     info={"batch_size": batch_size})
+                                     info={"batch_size": batch_size}, drawn=completion.drawn)
 
     def _signal(self) -> None:
         if self._arrived is not None and self._loop is asyncio.get_running_loop():

@@ -269,9 +269,11 @@ class TokenSequence:
         self._mask.extend([0] * len(segment))
         self._logprobs.extend([0.0] * len(segment))
 
-    def append_generated(self, token_ids: np.ndarray, logprobs: np.ndarray, *, trained: bool = True) -> None:
+    def append_generated(self, token_ids: np.ndarray, logprobs: np.ndarray, *,
+                         trained: bool | np.ndarray = True) -> None:
         """Appends sampled ids with loss mask 1 and their sampler log-probs (`trained=False`: the policy's ids as
-        context only, mask 0 and log-prob 0, e.g. the greedy turns before a group's branching turn).
+        context only, mask 0 and log-prob 0, e.g. the greedy turns before a group's branching turn; a [N] bool
+        array: per id, e.g. only the ids a decision-sampled turn drew).
 
         Raises:
             ValueError: a sampled id is `<|image_pad|>` (its run would have no pixels), or the lengths differ.
@@ -279,12 +281,16 @@ class TokenSequence:
         token_ids, logprobs = np.asarray(token_ids).reshape(-1), np.asarray(logprobs, np.float32).reshape(-1)
         if token_ids.shape != logprobs.shape:
             raise ValueError(f"{token_ids.size} generated ids but {logprobs.size} log-probs")
+        mask = np.broadcast_to(np.asarray(trained, bool), token_ids.shape) if np.ndim(trained) == 0 else \
+            np.asarray(trained, bool).reshape(-1)
+        if mask.shape != token_ids.shape:
+            raise ValueError(f"{token_ids.size} generated ids but {mask.size} trained flags")
         if np.any(token_ids == self.image_pad_id):
             raise ValueError(f"generated ids hold <|image_pad|> ({self.image_pad_id}) at position "
                              f"{int(np.flatnonzero(token_ids == self.image_pad_id)[0])}")
         self._ids.extend(token_ids.astype(np.int64).tolist())
-        self._mask.extend([int(trained)] * token_ids.size)
-        self._logprobs.extend(logprobs.tolist() if trained else [0.0] * token_ids.size)
+        self._mask.extend(mask.astype(int).tolist())
+        self._logprobs.extend(np.where(mask, logprobs, 0.0).tolist())
 
     def arrays(self) -> dict[str, np.ndarray]:
         """`token_ids` [T] int32, `loss_mask` [T] int8, `sampler_logprobs` [T] float32."""

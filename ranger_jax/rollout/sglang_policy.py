@@ -38,6 +38,9 @@ def sampling_params(request: policy_lib.TurnRequest) -> dict[str, Any]:
     """SGLang `sampling_params` of a turn (greedy = temperature 0; top_k -1 = all; `sampling_seed` is honoured
     only with `--enable-deterministic-inference`)."""
     sampling = request.sampling
+    if sampling.limits_draws:
+        raise ValueError(f"draw_below={sampling.draw_below} / max_draws={sampling.max_draws} (decision sampling) "
+                         "need the JAX sampler; SGLang samples every token")
     return {"max_new_tokens": request.max_new_tokens, "temperature": float(sampling.temperature),
             "top_p": float(sampling.top_p), "top_k": int(sampling.top_k),
             "stop_token_ids": list(request.stop_token_ids), "sampling_seed": int(request.seed),

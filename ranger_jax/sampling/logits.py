@@ -68,8 +68,17 @@ def _row_keys(seeds: jax.Array, counters: jax.Array) -> jax.Array:
     return jax.vmap(lambda s, c: jax.random.fold_in(jax.random.key(s), c))(seeds, counters)
 
 
+def uncertain(logits: jax.Array, suppressed: jax.Array, draw_below: jax.Array) -> jax.Array:
+    """[B] bool: rows whose most likely token (softmax of the raw logits, suppressed ids removed) has probability
+    below `draw_below` [B]; a threshold >= 1 counts every row as uncertain (drawing everywhere, the default)."""
+    allowed = suppress(logits.astype(jnp.float32), suppressed)
+    top = jnp.max(allowed, axis=-1) - jax.nn.logsumexp(allowed, axis=-1)
+    return (top < jnp.log(draw_below)) | (draw_below >= 1.0)
+
+
 def choose_tokens(logits: jax.Array, *, suppressed: jax.Array, temperature: jax.Array, top_k: jax.Array,
-                  top_p: jax.Array, seeds: jax.Array, counters: jax.Array) -> tuple[jax.Array, jax.Array]:
+                  top_p: jax.Array, seeds: jax.Array, counters: jax.Array,
+                  draw: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """Picks one token per row and returns it with its log-probability.
 
     Args:
@@ -80,6 +89,9 @@ def choose_tokens(logits: jax.Array, *, suppressed: jax.Array, temperature: jax.
         top_p: [B] float32, 1 = off.
         seeds: [B] uint32 per-row seeds.
         counters: [B] int32 folded into each row's key (the row's cache length, so each step and turn differs).
+        draw: [B] bool or None; rows with False take the argmax this step although their temperature is > 0
+            (a sampled turn's confident positions, see `uncertain`); their log-probability stays that of the
+            tempered distribution.
 
     Returns:
         tokens: [B] int32.
@@ -91,15 +103,16 @@ def choose_tokens(logits: jax.Array, *, suppressed: jax.Array, temperature: jax.
     scaled = logits / scale
     allowed = suppress(scaled, suppressed)
     greedy_tokens = first_argmax(allowed)
+    take_argmax = greedy if draw is None else greedy | ~draw
 
-    def draw(x):
+    def sample(x):
         needs_filter = jnp.any(~greedy & ((top_k > 0) | (top_p < 1.0)))
         x = jax.lax.cond(needs_filter, lambda y: filter_top_k_top_p(y, top_k, top_p), lambda y: y, x)
         drawn = jax.vmap(jax.random.categorical)(_row_keys(seeds, counters), x).astype(jnp.int32)
-        return jnp.where(greedy, greedy_tokens, drawn)
+        return jnp.where(take_argmax, greedy_tokens, drawn)
 
     # the sort of top-k/top-p and the Gumbel draw over V only run when some row needs them
-    tokens = jax.lax.cond(jnp.all(greedy), lambda x: greedy_tokens, draw, allowed)
+    tokens = jax.lax.cond(jnp.all(take_argmax), lambda x: greedy_tokens, sample, allowed)
     # log_softmax(scaled)[token] over the full vocabulary, before any filtering
     logprobs = jnp.take_along_axis(scaled, tokens[:, None], axis=-1)[:, 0] - jax.nn.logsumexp(scaled, axis=-1)
     return tokens, logprobs

@@ -50,6 +50,8 @@ class SamplingParams:
     max_new_tokens: int = 128  # budget of new tokens in this call
     stop_token_ids: tuple[int, ...] = ()  # ids that end the row (kept as its last token), e.g. <|im_end|>
     seed: int = 0  # per-row PRNG seed; same seed and history give the same tokens
+    draw_below: float = 1.0  # draw only where the most likely token's probability is below it (1 = everywhere)
+    max_draws: int = 0  # draw at most this many tokens in this call, the argmax afterwards (0 = no limit)
 
     def __post_init__(self):
         if not self.temperature >= 0:
@@ -62,6 +64,12 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.max_new_tokens must be an int >= 1, got {self.max_new_tokens!r}")
         if not isinstance(self.seed, int) or not 0 <= self.seed < 2**32:
             raise ValueError(f"SamplingParams.seed must be an int in [0, 2**32), got {self.seed!r}")
+        if isinstance(self.draw_below, bool) or not isinstance(self.draw_below, (int, float)) \
+                or not 0 < self.draw_below <= 1:
+            raise ValueError(f"SamplingParams.draw_below must be in (0, 1] (1 = draw everywhere), got "
+                             f"{self.draw_below!r}")
+        if isinstance(self.max_draws, bool) or not isinstance(self.max_draws, int) or self.max_draws < 0:
+            raise ValueError(f"SamplingParams.max_draws must be an int >= 0 (0 = no limit), got {self.max_draws!r}")
         object.__setattr__(self, "stop_token_ids", tuple(int(i) for i in self.stop_token_ids))
 
 
@@ -81,6 +89,7 @@ class Completion:
     token_ids: np.ndarray  # [n] int32, including the stop id when finish_reason == "stop"
     logprobs: np.ndarray  # [n] float32, see `logits` (log_softmax(logits / T), full vocabulary, before filtering)
     finish_reason: str  # FINISH_STOP or FINISH_LENGTH
+    drawn: np.ndarray | None = None  # [n] bool, tokens drawn from the distribution (False: the argmax was taken)
 
 
 def _per_row(value, num_rows: int, what: str) -> list:
@@ -283,25 +292,29 @@ class Sampler:
         active = np.zeros(batch, bool)
         temperature, top_p = np.zeros(batch, np.float32), np.ones(batch, np.float32)
         top_k, max_new, seeds = np.zeros(batch, np.int32), np.ones(batch, np.int32), np.zeros(batch, np.uint32)
+        draw_below, max_draws = np.ones(batch, np.float32), np.zeros(batch, np.int32)
         stop_ids = np.full((batch, stops), -1, np.int32)
         for row in active_rows:
             p = params[row]
             active[row] = True
             temperature[row], top_p[row], top_k[row] = p.temperature, p.top_p, p.top_k
             max_new[row], seeds[row] = p.max_new_tokens, p.seed
+            draw_below[row], max_draws[row] = p.draw_below, p.max_draws
             stop_ids[row, :len(p.stop_token_ids)] = p.stop_token_ids
         with self._mesh_context():
-            caches, lengths, next_positions, last_logits, tokens, logprobs, counts, stopped = self._decode(
+            caches, lengths, next_positions, last_logits, tokens, logprobs, drawn, counts, stopped = self._decode(
                 self.state, session.caches, session.lengths, session.next_positions, session.last_logits, active,
-                temperature, top_k, top_p, seeds, max_new, stop_ids, self._suppressed, num_steps=num_steps)
+                temperature, top_k, top_p, seeds, draw_below, max_draws, max_new, stop_ids, self._suppressed,
+                num_steps=num_steps)
         session.caches, session.lengths = caches, lengths
         session.next_positions, session.last_logits = next_positions, last_logits
-        tokens, logprobs, counts, stopped = jax.device_get((tokens, logprobs, counts, stopped))
+        tokens, logprobs, drawn, counts, stopped = jax.device_get((tokens, logprobs, drawn, counts, stopped))
         out: list[Completion | None] = [None] * session.num_rows
         for row in active_rows:
             n = int(counts[row])
             out[row] = Completion(token_ids=tokens[row, :n].copy(), logprobs=logprobs[row, :n].copy(),
-                                  finish_reason=FINISH_STOP if stopped[row] else FINISH_LENGTH)
+                                  finish_reason=FINISH_STOP if stopped[row] else FINISH_LENGTH,
+                                  drawn=drawn[row, :n].copy())
             session.token_ids[row].extend(int(i) for i in tokens[row, :n])
         return out
 

@@ -95,19 +95,23 @@ def append(model: model_lib.Qwen3VL, caches: Caches, lengths: jax.Array, next_po
 
 def decode(model: model_lib.Qwen3VL, caches: Caches, lengths: jax.Array, next_positions: jax.Array,
            last_logits: jax.Array, active: jax.Array, temperature: jax.Array, top_k: jax.Array, top_p: jax.Array,
-           seeds: jax.Array, max_new_tokens: jax.Array, stop_ids: jax.Array, suppressed: jax.Array, *,
-           num_steps: int):
+           seeds: jax.Array, draw_below: jax.Array, max_draws: jax.Array, max_new_tokens: jax.Array,
+           stop_ids: jax.Array, suppressed: jax.Array, *, num_steps: int):
     """Samples up to `num_steps` tokens per active row in one `lax.while_loop` with early exit.
 
     Each iteration picks a token from the current logits (`logits.choose_tokens`, keyed by the row's seed and
-    length), records it with its log-probability, writes it into the cache at slot `lengths[b]` with position
-    `next_positions[b]` on all three MRoPE rows, and runs the decoder for the next logits. A row finishes when it
+    length; a sampled row draws only while it has draws left and its most likely token is below `draw_below`, else
+    takes the argmax), records it with its log-probability and whether it was drawn, writes it into the cache at
+    slot `lengths[b]` with position `next_positions[b]` on all three MRoPE rows, and runs the decoder for the next
+    logits. A row finishes when it
     samples one of its stop ids or reaches its max_new_tokens; the loop ends when every row has finished.
 
     Args:
         model, caches, lengths, next_positions, last_logits: as for `append`.
         active: [B] bool rows that generate.
         temperature, top_k, top_p, seeds: [B] per-row sampling settings (see `logits.choose_tokens`).
+        draw_below: [B] float32, draw only where the most likely token's probability is below it (>= 1: always).
+        max_draws: [B] int32, draw at most this many tokens (0: no limit); the argmax afterwards.
         max_new_tokens: [B] int32, each <= num_steps.
         stop_ids: [B, n] int32 stop ids per row, -1 padded.
         suppressed: [V] bool ids never sampled.
@@ -115,18 +119,22 @@ def decode(model: model_lib.Qwen3VL, caches: Caches, lengths: jax.Array, next_po
 
     Returns:
         (caches, lengths, next_positions, last_logits, tokens [B, num_steps] int32, logprobs [B, num_steps]
-        float32, counts [B] int32 tokens generated, stopped [B] bool finished by a stop id).
+        float32, drawn [B, num_steps] bool tokens drawn from the distribution (False: the argmax, also for greedy
+        rows), counts [B] int32 tokens generated, stopped [B] bool finished by a stop id).
     """
     batch = lengths.shape[0]
     slots = caches[0].key.shape[2]
 
     def step(carry):
-        i, tokens, logprobs, done, stopped, caches, lengths, next_positions, logits = carry
+        i, tokens, logprobs, drawn, draws_left, done, stopped, caches, lengths, next_positions, logits = carry
+        draw = (temperature > 0) & (draws_left > 0) & logits_lib.uncertain(logits, suppressed, draw_below)
         token, logprob = logits_lib.choose_tokens(logits, suppressed=suppressed, temperature=temperature,
-                                                  top_k=top_k, top_p=top_p, seeds=seeds, counters=lengths)
+                                                  top_k=top_k, top_p=top_p, seeds=seeds, counters=lengths, draw=draw)
         live = ~done
         tokens = tokens.at[:, i].set(jnp.where(live, token, 0))
         logprobs = logprobs.at[:, i].set(jnp.where(live, logprob, 0.0))
+        drawn = drawn.at[:, i].set(live & draw)
+        draws_left = draws_left - (live & draw).astype(jnp.int32)
         embeds, _ = model.embed(token[:, None])
         positions = jnp.broadcast_to(next_positions[None, :, None], (3, batch, 1))
         new_lengths = lengths + live.astype(jnp.int32)  # a finished row writes past its end, masked out
@@ -135,14 +143,17 @@ def decode(model: model_lib.Qwen3VL, caches: Caches, lengths: jax.Array, next_po
         logits = jnp.where(live[:, None], model.compute_logits(hidden)[:, 0], logits)
         hit_stop = live & jnp.any(token[:, None] == stop_ids, axis=-1)
         done = done | hit_stop | (live & (i + 1 >= max_new_tokens))
-        return (i + 1, tokens, logprobs, done, stopped | hit_stop, pin_caches(caches), new_lengths,
-                next_positions + live.astype(jnp.int32), logits)
+        return (i + 1, tokens, logprobs, drawn, draws_left, done, stopped | hit_stop, pin_caches(caches),
+                new_lengths, next_positions + live.astype(jnp.int32), logits)
 
     def keep_going(carry):
-        return (carry[0] < num_steps) & ~jnp.all(carry[3])
+        return (carry[0] < num_steps) & ~jnp.all(carry[5])
 
+    draws_left = jnp.where(max_draws > 0, max_draws, num_steps + 1).astype(jnp.int32)
     carry = (jnp.int32(0), jnp.zeros((batch, num_steps), jnp.int32), jnp.zeros((batch, num_steps), jnp.float32),
-             ~active, jnp.zeros(batch, bool), caches, lengths, next_positions, last_logits)
-    _, tokens, logprobs, _, stopped, caches, new_lengths, next_positions, last_logits = jax.lax.while_loop(
-        keep_going, step, carry)
-    return caches, new_lengths, next_positions, last_logits, tokens, logprobs, new_lengths - lengths, stopped
+             jnp.zeros((batch, num_steps), bool), draws_left, ~active, jnp.zeros(batch, bool), caches, lengths,
+             next_positions, last_logits)
+    (_, tokens, logprobs, drawn, _, _, stopped, caches, new_lengths, next_positions,
+     last_logits) = jax.lax.while_loop(keep_going, step, carry)
+    return (caches, new_lengths, next_positions, last_logits, tokens, logprobs, drawn, new_lengths - lengths,
+            stopped)

@@ -114,16 +114,23 @@ def _params(model):
 
 
 def test_grpo_sampling_settings_reach_the_actor_and_rollouts(tmp_path):
-    config = dataclasses.replace(MICRO, temperature=0.8, top_p=0.9, top_k=3)
+    config = dataclasses.replace(MICRO, temperature=0.8, top_p=0.9, top_k=3, draw_below=0.7, max_draws=2,
+                                 greedy_member=False)
     command = sim_tiny.actor_command(config, env_file=tmp_path / "env.toml", grpo_world=tmp_path / "w",
                                      weights_dir=tmp_path / "weights", shards_dir=tmp_path / "shards",
                                      metrics_path=tmp_path / "m.jsonl")
     flags = {command[i]: command[i + 1] for i in range(len(command) - 1) if command[i].startswith("--")}
     assert (flags["--temperature"], flags["--top-p"], flags["--top-k"]) == ("0.8", "0.9", "3")
+    assert (flags["--draw-below"], flags["--max-draws"]) == ("0.7", "2")
     sampled = sim_tiny.rollout_config(config, group_size=2).episode.sampling
-    assert (sampled.temperature, sampled.top_p, sampled.top_k) == (0.8, 0.9, 3)
+    assert (sampled.temperature, sampled.top_p, sampled.top_k, sampled.draw_below, sampled.max_draws) == \
+        (0.8, 0.9, 3, 0.7, 2)
     greedy = sim_tiny.rollout_config(config, greedy=True).episode.sampling
-    assert (greedy.temperature, greedy.top_p, greedy.top_k) == (0.0, 1.0, -1)
+    assert (greedy.temperature, greedy.top_p, greedy.top_k, greedy.limits_draws) == (0.0, 1.0, -1, False)
+    with pytest.raises(ValueError, match="greedy_member trains the greedy member's whole turn"):
+        dataclasses.replace(config, greedy_member=True)
+    with pytest.raises(ValueError, match="draw_below must be in"):
+        dataclasses.replace(MICRO, draw_below=0.0)
     with pytest.raises(ValueError, match="top_p"):
         dataclasses.replace(MICRO, top_p=1.5)
     with pytest.raises(ValueError, match="top_k"):

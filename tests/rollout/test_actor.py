@@ -75,6 +75,12 @@ def test_actor_cli(tmp_path, world_dir, monkeypatch, capsys):
     with pytest.raises(SystemExit):
         actor.main(cli_args(world_dir, tmp_path / "bad", "--greedy-member"))
     assert "--greedy-member needs --group-size >= 2" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        actor.main(cli_args(world_dir, tmp_path / "bad", "--draw-below", "0.5"))
+    assert "--draw-below/--max-draws need --policy jax (got --policy expert)" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        actor.main(cli_args(world_dir, tmp_path / "bad", "--max-draws", "-1"))
+    assert "max_draws must be an int >= 0 (0 = no limit); got -1" in capsys.readouterr().err
 
 
 def test_killed_actor_leaves_no_readable_partial_shard(tmp_path, world_dir):

@@ -255,3 +255,18 @@ def test_an_observation_the_processor_refuses_ends_with_error(qwen_renderer):
         traj = run(strip_env, ScriptedGenerations([search]), core.Task("s", "Draw the strip"), qwen_renderer)
     assert traj.termination == core.ERROR and "aspect ratio" in traj.metadata["error"]
     assert "IMG_001" in traj.metadata["error"] and traj.images == () and len(traj.messages) == 3
+
+
+def test_decision_sampling_needs_a_backend_that_reports_its_draws(sim_env, tasks, qwen_renderer):
+    tok = qwen_renderer.tokenizer
+    ids = tok.encode("<think>I will search the")[:5]
+    draws = episode.EpisodeConfig(max_new_tokens=512, max_context_tokens=20_000, vision=VISION,
+                                  sampling=policy.SamplingParams(temperature=1.0, draw_below=0.5))
+    drawn = policy.Generation(token_ids=ids, logprobs=np.full(5, -1.0), finish_reason="length",
+                              drawn=[False, True, False, False, True])
+    traj = run(sim_env, ScriptedGenerations([drawn, drawn]), tasks[1], qwen_renderer, config=draws)
+    assert [b - a for a, b in mask_runs(traj.loss_mask)] == [1, 1, 1, 1]  # the drawn ids of both turns
+    np.testing.assert_allclose(np.asarray(traj.sampler_logprobs)[np.asarray(traj.loss_mask) == 1], -1.0)
+    silent = policy.Generation(token_ids=ids, logprobs=np.full(5, -1.0), finish_reason="length")
+    with pytest.raises(ValueError, match="needs a policy backend that reports which ids it drew"):
+        run(sim_env, ScriptedGenerations([silent]), tasks[1], qwen_renderer, config=draws)

@@ -41,8 +41,9 @@ def test_checkpoint_eval_uses_its_settings_and_is_deterministic(checkpoint, worl
                                  "rewards": {"kind": "sim", "text_coef": 0.5},
                                  "image": {"min_pixels": 1024, "max_pixels": 16_384},
                                  "episode": {"max_new_tokens": 12, "max_context_tokens": 1024}}
-    assert first["sampling"] == {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "samples_per_task": 1,
-                                 "branch_turns": [0], "sample_turns": None, "seed": 0, "concurrency": 2}
+    assert first["sampling"] == {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "draw_below": 1.0, "max_draws": 0,
+                                 "samples_per_task": 1, "branch_turns": [0], "sample_turns": None, "seed": 0,
+                                 "concurrency": 2}
     assert first["reward_per_task"] == [row["reward"] for row in first["episodes"]]
     assert first["search_score"] == first["reward_mean"] == 0.0  # a random policy never answers
     for row in first["episodes"]:
@@ -125,8 +126,9 @@ def test_sampled_eval_draws_only_the_branch_turns_seeded_like_an_actor(checkpoin
     assert sum(first["num_tasks_by_domain"].values()) == 2
     assert [row["task_id"] for row in first["episodes"]] == [row["task_id"] for row in greedy["episodes"]
                                                             for _ in range(3)]
-    assert first["sampling"] == {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "samples_per_task": 3,
-                                 "branch_turns": [1], "sample_turns": 1, "seed": 5, "concurrency": 2}
+    assert first["sampling"] == {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "draw_below": 1.0, "max_draws": 0,
+                                 "samples_per_task": 3, "branch_turns": [1], "sample_turns": 1, "seed": 5,
+                                 "concurrency": 2}
     # the same seed gives the same episodes whatever the number in flight; another seed other samples
     again = evaluate.evaluate_checkpoint(world_dir, checkpoint, concurrency=3, **sampled)
     assert again["episodes"] == first["episodes"]
@@ -211,7 +213,9 @@ def test_sampled_eval_and_comparison_from_the_command_line(checkpoint, world_dir
     for args, match in [
         (["--policy", "expert", "--temperature", "1"], r"--temperature only apply to checkpoints; 'expert' is a"),
         ([*common[2:], "--temperature", "1", "--branch-turns", "two"], "--branch-turns must be comma-separated"),
-        ([*common[2:], "--temperature", "-1"], "--temperature/--top-p/--top-k: temperature must be a number >= 0"),
+        ([*common[2:], "--temperature", "-1"], "--temperature/.*: temperature must be a number >= 0; got -1"),
+        ([*common[2:], "--temperature", "1", "--draw-below", "1.5"], r"draw_below must be in \(0, 1\].*got 1.5"),
+        ([*common[2:], "--temperature", "1", "--max-draws", "-2"], "max_draws must be an int >= 0.*got -2"),
         ([*common[2:], "--samples", "3"], r"samples_per_task=3 with greedy sampling"),
         ([*common[2:], "--baseline", str(tmp_path / "missing.json")], "--baseline .*missing.json"),
     ]:

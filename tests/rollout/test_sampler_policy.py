@@ -255,3 +255,43 @@ def test_a_greedy_member_plays_its_sampled_turn_greedily_and_trains_it(tiny_env,
         runner.RolloutConfig(group_size=1, greedy_member=True)
     with pytest.raises(ValueError, match="greedy_member must be a bool"):
         runner.RolloutConfig(group_size=2, greedy_member=1)
+
+
+def test_decision_sampling_trains_only_the_drawn_tokens(tiny_env, tiny_sampler, tiny_renderer, tiny_config, tasks,
+                                                        scorer):
+    sampling = policy.SamplingParams(temperature=1.0, top_p=1.0, draw_below=0.9, max_draws=2)
+    pol = sampler_policy.SamplerPolicy(tiny_sampler, num_rows=3, capacity=CAPACITY)
+    config = runner.RolloutConfig(group_size=3, concurrency=3, seed=13, run_id="draws", branch_turns=(1,),
+                                  sample_turns=1, episode=dataclasses.replace(tiny_config(), sampling=sampling))
+    (group,) = runner.run(tiny_env, pol, tasks[:1], renderer=tiny_renderer, config=config, scorer=scorer)
+    greedy_pol = sampler_policy.SamplerPolicy(tiny_sampler, num_rows=1, capacity=CAPACITY)
+    greedy_config = runner.RolloutConfig(group_size=1, concurrency=1, seed=13, run_id="draws",
+                                         episode=dataclasses.replace(tiny_config(), sampling=episode.GREEDY))
+    (greedy,) = runner.run(tiny_env, greedy_pol, tasks[:1], renderer=tiny_renderer, config=greedy_config,
+                           scorer=scorer)
+    for t in group.trajectories:
+        turns, mask = t.metadata["turns"], np.asarray(t.loss_mask)
+        assert len(turns) > 1 and turns[1]["sampled"]
+        # the random policy is unsure everywhere: its first two tokens of turn 1 are drawn, trained, with log-probs
+        start = int(np.flatnonzero(mask)[0])
+        assert mask_runs(mask) == [(start, start + 2)]
+        assert np.all(np.asarray(t.sampler_logprobs)[mask == 1] < 0)
+        assert not np.any(np.asarray(t.sampler_logprobs)[mask == 0])
+        # before the branch the episode is the greedy one, token for token
+        np.testing.assert_array_equal(np.asarray(t.token_ids)[:start],
+                                      np.asarray(greedy.trajectories[0].token_ids)[:start])
+    with pytest.raises(ValueError, match="greedy_member trains the greedy member's whole turn"):
+        runner.RolloutConfig(group_size=2, greedy_member=True, episode=dataclasses.replace(tiny_config(),
+                                                                                           sampling=sampling))
+    with pytest.raises(ValueError, match="need the JAX sampler"):
+        sglang_policy.sampling_params(policy.TurnRequest(
+            rid="r", turn=0, prompt_ids=np.zeros(3, np.int32), new_images=(), sampling=sampling, max_new_tokens=4,
+            stop_token_ids=(1,), seed=0, state=None))
+    with pytest.raises(ValueError, match="2 token_ids but 3 drawn flags"):
+        policy.Generation(token_ids=[1, 2], logprobs=[0.0, 0.0], finish_reason="stop", drawn=[True, False, True])
+    with pytest.raises(ValueError, match="draw_below must be in"):
+        policy.SamplingParams(draw_below=0)
+    with pytest.raises(ValueError, match="max_draws must be an int >= 0"):
+        policy.SamplingParams(max_draws=-1)
+    assert not policy.SamplingParams(temperature=0.0, max_draws=2).limits_draws  # greedy turns draw nothing
+    assert sampling.limits_draws and not policy.SamplingParams().limits_draws

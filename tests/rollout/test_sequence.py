@@ -121,3 +121,16 @@ def test_a_cache_hit_never_loads_the_pixels():
     first = cache.prepare(loader, SETTINGS, key="lazy")
     second = cache.prepare(loader, SETTINGS, key="lazy", img_id="IMG_002")
     assert len(loads) == 1 and second.png == first.png and second.img_id == "IMG_002"
+
+
+def test_generated_ids_can_be_trained_per_id():
+    seq = sequence.TokenSequence(image_pad_id=99, merge_size=2)
+    seq.append_generated(np.array([5, 6, 7]), np.array([-0.1, -0.2, -0.3]), trained=False)
+    seq.append_generated(np.array([8, 9, 10]), np.array([-0.4, -0.5, -0.6]), trained=np.array([False, True, False]))
+    seq.append_generated(np.array([11]), np.array([-0.7]))
+    arrays = seq.arrays()
+    np.testing.assert_array_equal(arrays["token_ids"], [5, 6, 7, 8, 9, 10, 11])
+    np.testing.assert_array_equal(arrays["loss_mask"], [0, 0, 0, 0, 1, 0, 1])
+    np.testing.assert_allclose(arrays["sampler_logprobs"], [0, 0, 0, 0, -0.5, 0, -0.7])
+    with pytest.raises(ValueError, match="2 generated ids but 3 trained flags"):
+        seq.append_generated(np.array([1, 2]), np.array([0.0, 0.0]), trained=np.array([True, False, True]))

@@ -114,3 +114,36 @@ def test_top_k_one_is_greedy_and_seeds_are_reproducible():
     e, _ = _choose_np(flat, temperature=1.0, seeds=np.r_[np.arange(32), np.arange(32) + 500],
                       counters=np.full(64, 7))
     np.testing.assert_array_equal(np.asarray(e)[:32], np.asarray(a)[:32])
+
+
+def test_uncertain_rows_and_argmax_where_not_drawn():
+    """`uncertain` is p_max < threshold on the raw softmax (suppressed ids removed; >= 1 counts every row); rows
+    told not to draw take the argmax at any temperature and report the tempered log-probability."""
+    rng = np.random.default_rng(4)
+    rows = rng.normal(0, 2, (6, V)).astype(np.float32)
+    rows[0, 3] = 30.0  # near-certain
+    rows[1, 5] = 30.0  # near-certain on a suppressed id: the rest is uncertain
+    suppressed = np.zeros(V, bool)
+    suppressed[5] = True
+    masked = np.where(suppressed[None], -np.inf, rows.astype(np.float64))
+    p_max = 1.0 / np.exp(masked - masked.max(-1, keepdims=True)).sum(-1)  # softmax of the most likely id
+    for threshold in (0.05, 0.3, 0.9, 1.0):
+        got = np.asarray(jax.jit(logits.uncertain)(jnp.asarray(rows), jnp.asarray(suppressed),
+                                                   jnp.full(6, threshold, jnp.float32)))
+        expected = (p_max < threshold) | (threshold >= 1.0)
+        np.testing.assert_array_equal(got, expected, err_msg=f"threshold {threshold}")
+    assert not np.asarray(logits.uncertain(jnp.asarray(rows[:1]), jnp.asarray(suppressed), jnp.full(1, 0.99)))[0]
+    draw = jnp.asarray([True, False, True, False, False, True])
+    tokens, logprobs = _choose(jnp.asarray(rows), suppressed=jnp.asarray(suppressed),
+                               temperature=jnp.full(6, 2.0, jnp.float32), top_k=jnp.zeros(6, jnp.int32),
+                               top_p=jnp.ones(6, jnp.float32), seeds=jnp.arange(6, dtype=jnp.uint32),
+                               counters=jnp.zeros(6, jnp.int32), draw=draw)
+    tokens = np.asarray(tokens)
+    argmax = masked.argmax(-1)
+    np.testing.assert_array_equal(tokens[~np.asarray(draw)], argmax[~np.asarray(draw)])
+    np.testing.assert_allclose(np.asarray(logprobs), _log_softmax(rows / 2.0)[np.arange(6), tokens], atol=1e-5)
+    many = [np.asarray(_choose(jnp.asarray(rows), suppressed=jnp.asarray(suppressed),
+                               temperature=jnp.full(6, 2.0, jnp.float32), top_k=jnp.zeros(6, jnp.int32),
+                               top_p=jnp.ones(6, jnp.float32), seeds=jnp.full(6, s, jnp.uint32),
+                               counters=jnp.zeros(6, jnp.int32), draw=draw)[0]) for s in range(20)]
+    assert len({int(m[2]) for m in many}) > 1 and len({int(m[3]) for m in many}) == 1  # drawn vs argmax rows

@@ -176,3 +176,41 @@ def test_reset_rows_frees_a_row_for_a_new_conversation(tiny):
     assert idle is None and session.token_ids[1] == kept
     np.testing.assert_array_equal(again.token_ids, fresh.token_ids)
     np.testing.assert_allclose(again.logprobs, fresh.logprobs, atol=1e-5)
+
+
+def test_decision_sampling_draws_at_most_max_draws_uncertain_tokens(tiny):
+    """`draw_below` / `max_draws`: a row draws only where its most likely token is below the threshold and at most
+    `max_draws` times, then continues greedily; `Completion.drawn` says which tokens were drawn."""
+    sampler = tiny.sampler
+    prompts = [Segment(np.arange(50, 58)), Segment(np.arange(60, 75)), Segment(np.arange(80, 84))]
+    free = sampler.complete(prompts, [SamplingParams(temperature=1.0, seed=s, max_new_tokens=12) for s in (1, 2, 3)])
+    greedy = sampler.complete(prompts, GREEDY)
+    assert all(c.drawn.all() for c in free) and not any(c.drawn.any() for c in greedy)
+    # a threshold below every position's top probability draws nothing: the greedy tokens
+    never = sampler.complete(prompts, SamplingParams(temperature=1.0, seed=1, max_new_tokens=12, draw_below=1e-9))
+    for got, want in zip(never, greedy):
+        np.testing.assert_array_equal(got.token_ids, want.token_ids)
+        assert not got.drawn.any()
+    # one draw: the first token is drawn (seeded), the rest is the greedy continuation of prompt + that token
+    for seed in (1, 2, 3, 4):
+        once = sampler.complete(prompts, SamplingParams(temperature=1.0, seed=seed, max_new_tokens=12, max_draws=1))
+        for prompt, got in zip(prompts, once):
+            assert got.drawn.tolist() == [True] + [False] * (len(got.token_ids) - 1)
+            [rest] = sampler.complete([Segment([*prompt.token_ids, int(got.token_ids[0])])],
+                                      SamplingParams(temperature=0.0, max_new_tokens=11))
+            np.testing.assert_array_equal(got.token_ids[1:], rest.token_ids)
+    assert any(o.token_ids[0] != g.token_ids[0] for o, g in zip(
+        sampler.complete(prompts, SamplingParams(temperature=1.0, seed=9, max_new_tokens=12, max_draws=1)), greedy))
+    # a threshold and a budget: only uncertain positions are drawn (their top probability, reported as the
+    # log-prob of the argmax at T = 1, is below it elsewhere never), at most max_draws of them
+    capped = sampler.complete(prompts, SamplingParams(temperature=1.0, seed=5, max_new_tokens=12, draw_below=0.5,
+                                                      max_draws=3))
+    for c in capped:
+        assert 0 < c.drawn.sum() <= 3
+        first_unspent = len(c.drawn) if c.drawn.sum() < 3 else int(np.flatnonzero(c.drawn)[-1])
+        argmax_taken = ~c.drawn[:first_unspent]
+        assert np.all(np.exp(c.logprobs[:first_unspent][argmax_taken]) >= 0.5 - 1e-6)
+    for bad, match in [({"draw_below": 0.0}, "draw_below must be in"), ({"draw_below": 1.5}, "draw_below must be in"),
+                       ({"max_draws": -1}, "max_draws must be an int >= 0"), ({"max_draws": 1.0}, "max_draws must")]:
+        with pytest.raises(ValueError, match=match):
+            SamplingParams(**bad)
