@@ -42,8 +42,9 @@ def main() -> None:
     parser.add_argument("--policy", required=True,
                         help=f"one of {sorted(savanna.POLICIES)} or a checkpoint folder")
     parser.add_argument("--json", required=True, help="where to write the results")
-    parser.add_argument("--env", default=None, help='"offline", a shipped environment such as savanna_sim, '
-                                                    "or a .toml environment file (default: a checkpoint's ranger_env.json, else offline)")
+    parser.add_argument("--env", default=None,
+                        help='"offline", a shipped environment such as savanna_sim, or a .toml environment file '
+                             "(default: a checkpoint's ranger_env.json, else offline)")
     parser.add_argument("--limit", type=int, default=None, help="run only the first N tasks")
     parser.add_argument("--concurrency", type=int, default=None, help="checkpoints: episodes in flight")
     parser.add_argument("--max-new-tokens", type=int, default=None, help="checkpoints: tokens per turn")
