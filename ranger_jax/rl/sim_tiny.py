@@ -274,7 +274,7 @@ def train_tokenizer(config: SimTinyConfig, worlds: list[Path], out: Path) -> Any
 def rollout_config(config: SimTinyConfig, *, group_size: int = 1, greedy: bool = False,
                    seed: int = 0) -> runner.RolloutConfig:
     """How the run's episodes are rolled out (tiny images, short turns, blank observations when blind)."""
-    sampling = policy_lib.SamplingParams(temperature=0.0, top_p=1.0) if greedy else config.grpo_sampling()
+    sampling = episode.GREEDY if greedy else config.grpo_sampling()
     return runner.RolloutConfig(group_size=group_size, concurrency=16, seed=seed, episode=episode.EpisodeConfig(
         max_new_tokens=config.max_new_tokens, max_context_tokens=4096, sampling=sampling,
         vision=tiny_policy.VISION, blank_observations=config.blind))

@@ -70,10 +70,15 @@ def _row_keys(seeds: jax.Array, counters: jax.Array) -> jax.Array:
 
 def uncertain(logits: jax.Array, suppressed: jax.Array, draw_below: jax.Array) -> jax.Array:
     """[B] bool: rows whose most likely token (softmax of the raw logits, suppressed ids removed) has probability
-    below `draw_below` [B]; a threshold >= 1 counts every row as uncertain (drawing everywhere, the default)."""
-    allowed = suppress(logits.astype(jnp.float32), suppressed)
-    top = jnp.max(allowed, axis=-1) - jax.nn.logsumexp(allowed, axis=-1)
-    return (top < jnp.log(draw_below)) | (draw_below >= 1.0)
+    below `draw_below` [B]; a threshold >= 1 counts every row as uncertain (drawing everywhere, the default).
+    The softmax over V only runs when some row has a threshold below 1."""
+    def below(x):
+        allowed = suppress(x.astype(jnp.float32), suppressed)
+        top = jnp.max(allowed, axis=-1) - jax.nn.logsumexp(allowed, axis=-1)
+        return (top < jnp.log(draw_below)) | (draw_below >= 1.0)
+
+    everywhere = jnp.all(draw_below >= 1.0)
+    return jax.lax.cond(everywhere, lambda x: jnp.ones(x.shape[0], bool), below, logits)
 
 
 def choose_tokens(logits: jax.Array, *, suppressed: jax.Array, temperature: jax.Array, top_k: jax.Array,

@@ -66,21 +66,16 @@ def test_actor_cli(tmp_path, world_dir, monkeypatch, capsys):
     assert json.loads(capsys.readouterr().out)["shards"] == written["shards"]
     assert all(t.generated_image is None and t.generation_error is None
                for t in shards.read_shard(written["shards"][0]))
-    with pytest.raises(SystemExit):
-        actor.main(cli_args(world_dir, tmp_path / "bad", "--branch-turns", "1,x"))
-    assert "--branch-turns must be comma-separated ints; got '1,x'" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        actor.main(cli_args(world_dir, tmp_path / "bad", "--sample-turns", "0"))
-    assert "--sample-turns must be >= 1; got 0" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        actor.main(cli_args(world_dir, tmp_path / "bad", "--greedy-member"))
-    assert "--greedy-member needs --group-size >= 2" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        actor.main(cli_args(world_dir, tmp_path / "bad", "--draw-below", "0.5"))
-    assert "--draw-below/--max-draws need --policy jax (got --policy expert)" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        actor.main(cli_args(world_dir, tmp_path / "bad", "--max-draws", "-1"))
-    assert "max_draws must be an int >= 0 (0 = no limit); got -1" in capsys.readouterr().err
+    for flags, message in [
+        (("--branch-turns", "1,x"), "--branch-turns must be comma-separated ints; got '1,x'"),
+        (("--sample-turns", "0"), "--sample-turns must be >= 1; got 0"),
+        (("--greedy-member",), "--greedy-member needs --group-size >= 2"),
+        (("--draw-below", "0.5"), "--draw-below/--max-draws need --policy jax (got --policy expert)"),
+        (("--max-draws", "-1"), "max_draws must be an int >= 0 (0 = no limit); got -1"),
+    ]:
+        with pytest.raises(SystemExit):
+            actor.main(cli_args(world_dir, tmp_path / "bad", *flags))
+        assert message in capsys.readouterr().err, flags
 
 
 def test_killed_actor_leaves_no_readable_partial_shard(tmp_path, world_dir):
