@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 from pathlib import Path
 
 import jax
@@ -80,6 +81,17 @@ def test_recipe_dry_run(capsys, monkeypatch):
     assert "cannot run yet" in captured.err and "--checkpoint" in captured.err
     assert recipe.main(["--dry-run", "--seed", "3"]) == 0
     assert '"seed": 3' in capsys.readouterr().out
+    assert recipe.main(["--dry-run", "--grpo-schedule", "large-batch", "--set", "grpo_learning_rate=3e-4",
+                        "--set", "branch_turns=[1,2]", "--grpo-steps", "5"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert (plan["grpo_tasks"], plan["grpo_tasks_per_step"], plan["grpo_steps"]) == (720, 60, 5)
+    assert plan["grpo_learning_rate"] == 3e-4 and plan["branch_turns"] == [1, 2]
+    for argv, message in ((["--set", "nope=1"], "SimTinyConfig has no field 'nope'"),
+                          (["--grpo-schedule", "huge"], "unknown GRPO schedule 'huge'"),
+                          (["--set", "group_size=1"], "GRPO needs group_size >= 2")):
+        with pytest.raises(SystemExit):
+            recipe.main(["--dry-run", *argv])
+        assert message in capsys.readouterr().err
 
 
 def test_unknown_preset_is_refused():

@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 MICRO = sim_tiny.SimTinyConfig(
     sft_worlds=1, tasks_per_world=4, grpo_tasks=4, eval_tasks=4, sft_steps=2, sft_batch=4, grpo_steps=2,
     copy_warmup_steps=2, first_turn_steps=2, copy_rehearsal=True, branch_turns=(0, 1),
-    grpo_tasks_per_step=1, group_size=2, max_new_tokens=24, progress=False, teacher_min_reward=0.0, grpo_augment=True,
+    grpo_tasks_per_step=1, group_size=2, actor_concurrency=1, max_new_tokens=24, progress=False, teacher_min_reward=0.0, grpo_augment=True,
     advantages="prefix-tree", grpo_frozen=("embed_tokens", "mlp"), greedy_member=True,
     size=tiny_policy.TinyPolicySize(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                     num_attention_heads=2, num_key_value_heads=1, head_dim=16, vocab_size=512,
@@ -140,6 +140,49 @@ def test_grpo_sampling_settings_reach_the_actor_and_rollouts(tmp_path):
     assert dataclasses.replace(MICRO, grpo_frozen=["mlp"]).grpo_frozen == ("mlp",)  # as read back from JSON
     with pytest.raises(ValueError, match=r"SimTinyConfig.grpo_frozen must be a sequence of parameter path names"):
         dataclasses.replace(MICRO, grpo_frozen="mlp")
+
+
+def test_large_steps_run_through_the_actor_in_batches_of_its_concurrency(tmp_path):
+    config = sim_tiny.configure(grpo_schedule="large-batch", overrides={"seed": 4})
+    assert (config.grpo_tasks, config.grpo_tasks_per_step, config.group_size, config.grpo_steps) == (720, 60, 4, 12)
+    assert config.grpo_learning_rate == 2e-4 and config.seed == 4 and config.actor_concurrency == 32
+    command = sim_tiny.actor_command(config, env_file=tmp_path / "env.toml", grpo_world=tmp_path / "w",
+                                     weights_dir=tmp_path / "weights", shards_dir=tmp_path / "shards",
+                                     metrics_path=tmp_path / "m.jsonl")
+    flags = {command[i]: command[i + 1] for i in range(len(command) - 1) if command[i].startswith("--")}
+    # a step's 240 episodes run 32 at a time, written as one shard, trained as one batch
+    assert (flags["--tasks-per-round"], flags["--group-size"]) == ("60", "4")
+    assert (flags["--concurrency"], flags["--records-per-shard"]) == ("32", "240")
+    assert sim_tiny.grpo_rows(config) == 240 and sim_tiny.actor_rows(config) == 32
+    assert sim_tiny.actor_rows(dataclasses.replace(config, actor_concurrency=500)) == 240
+    assert sim_tiny.actor_rows(sim_tiny.SimTinyConfig()) == sim_tiny.grpo_rows(sim_tiny.SimTinyConfig()) == 32
+    with pytest.raises(ValueError, match="actor_concurrency must be a positive int"):
+        dataclasses.replace(config, actor_concurrency=0)
+    with pytest.raises(ValueError, match="unknown GRPO schedule 'huge'; known: default, large-batch"):
+        sim_tiny.configure(grpo_schedule="huge")
+
+
+def test_config_overrides_are_typed_by_the_field():
+    overrides = sim_tiny.config_overrides(["grpo_learning_rate=2e-4", "group_size=4", "branch_turns=[1, 2]",
+                                           "sample_turns=null", "shared_prefix=false", "teacher_query=names",
+                                           "grpo_tasks_per_step = 3", 'size={"hidden_size": 64}', "top_p=1"])
+    assert overrides == {"grpo_learning_rate": 2e-4, "group_size": 4, "branch_turns": (1, 2), "sample_turns": None,
+                         "shared_prefix": False, "teacher_query": "names", "grpo_tasks_per_step": 3,
+                         "size": dataclasses.replace(sim_tiny.SimTinyConfig().size, hidden_size=64), "top_p": 1.0}
+    assert isinstance(overrides["top_p"], float)
+    config = sim_tiny.configure(overrides=overrides)
+    assert config.branch_turns == (1, 2) and config.size.hidden_size == 64
+    for pair, message in (("sft_steps", "--set needs KEY=VALUE; got 'sft_steps'"),
+                          ("sft_stepz=3", "SimTinyConfig has no field 'sft_stepz'; fields: .*sft_steps"),
+                          ("sft_steps=1.5", r"--set sft_steps=1.5: expected int like 300"),
+                          ("blind=1", "--set blind=1: expected bool like False"),
+                          ("branch_turns=2", r"--set branch_turns=2: expected tuple like \(2,\)"),
+                          ("size={\"width\": 3}", "--set size: .*width"),
+                          ("grpo_steps=null", "expected int like 6")):
+        with pytest.raises(ValueError, match=message):
+            sim_tiny.config_overrides([pair])
+    with pytest.raises(ValueError, match="top_p"):  # the config's own checks still apply
+        sim_tiny.configure(overrides=sim_tiny.config_overrides(["top_p=1.5"]))
 
 
 def test_blind_config_blanks_the_teacher_tokens(tmp_path):

@@ -295,3 +295,31 @@ def test_decision_sampling_trains_only_the_drawn_tokens(tiny_env, tiny_sampler, 
         policy.SamplingParams(max_draws=-1)
     assert not policy.SamplingParams(temperature=0.0, max_draws=2).limits_draws  # greedy turns draw nothing
     assert sampling.limits_draws and not policy.SamplingParams().limits_draws
+
+
+@pytest.mark.parametrize("chunk_tokens, sampling", [
+    (1, policy.SamplingParams(temperature=1.0, draw_below=0.9, max_draws=2)),  # draws spent across calls
+    (5, policy.SamplingParams(temperature=0.8, top_k=20)),
+])
+def test_turns_decoded_in_chunks_equal_whole_turns(tiny_env, tiny_sampler, tiny_renderer, tiny_config, tasks, scorer,
+                                                   chunk_tokens, sampling):
+    """Continuous batching is exact: a turn decoded a few tokens per call, sharing calls with other episodes' turns,
+    has the tokens, log-probabilities and draws of the same turn decoded in one call."""
+    config = runner.RolloutConfig(group_size=3, concurrency=3, seed=21, run_id="chunks", branch_turns=(0,),
+                                  episode=dataclasses.replace(tiny_config(), sampling=sampling))
+    runs = {}
+    for chunk in (None, chunk_tokens):
+        pol = sampler_policy.SamplerPolicy(tiny_sampler, num_rows=3, capacity=CAPACITY, chunk_tokens=chunk)
+        (group,) = runner.run(tiny_env, pol, tasks[1:2], renderer=tiny_renderer, config=config, scorer=scorer)
+        runs[chunk] = group.trajectories, pol.num_batches
+    (whole, whole_calls), (chunked, chunked_calls) = runs[None], runs[chunk_tokens]
+    assert chunked_calls > whole_calls
+    for a, b in zip(whole, chunked, strict=True):
+        np.testing.assert_array_equal(a.token_ids, b.token_ids)
+        np.testing.assert_array_equal(a.loss_mask, b.loss_mask)
+        np.testing.assert_allclose(a.sampler_logprobs, b.sampler_logprobs, atol=1e-6)
+        assert [t["finish_reason"] for t in a.metadata["turns"]] == [t["finish_reason"] for t in b.metadata["turns"]]
+    if sampling.limits_draws:  # two drawn tokens a sampled turn, the first two (the random policy is unsure)
+        assert all(int(np.sum(b.loss_mask)) == 2 * len(b.metadata["turns"]) for b in chunked)
+    with pytest.raises(ValueError, match="chunk_tokens must be None or an int >= 1; got 0"):
+        sampler_policy.SamplerPolicy(tiny_sampler, num_rows=1, chunk_tokens=0)
