@@ -68,6 +68,7 @@ class PolicyOptions:
     mesh_shape: tuple[int, int, int] | None = None  # jax: (data, fsdp, tensor) mesh sizes; None = one device
     num_rows: int = 8  # jax: cache rows (episodes held at once)
     capacity: int | None = None  # jax: initial cache slots per row
+    chunk_tokens: int | None = sampler_policy.DEFAULT_CHUNK_TOKENS  # jax: tokens a row decodes per call (None: turns)
     sglang_url: str | None = None
     chat_url: str | None = None  # harness: OpenAI-compatible base URL incl. /v1
     chat_model: str | None = None
@@ -102,7 +103,7 @@ def _jax(options: PolicyOptions) -> policy_lib.Policy:
     model = qwen3_vl.load(options.checkpoint, mesh=mesh, sharding_rules="sample")
     sampler = sampling.Sampler(model, mesh=mesh, suppress_token_ids=sorted(options.tokenizer.vision_ids))
     return sampler_policy.SamplerPolicy(sampler, num_rows=options.num_rows, capacity=options.capacity,
-                                        policy_version=options.policy_version)
+                                        policy_version=options.policy_version, chunk_tokens=options.chunk_tokens)
 
 
 def _sglang(options: PolicyOptions) -> policy_lib.Policy:
@@ -279,6 +280,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="the first member of each group plays its sampled turns greedily (still trained: its "
                         "advantage compares the policy's mode with its samples)")
     p.add_argument("--concurrency", type=int, default=8, help="episodes in flight")
+    p.add_argument("--chunk-tokens", type=int, default=sampler_policy.DEFAULT_CHUNK_TOKENS,
+                   help="jax policy: tokens a row decodes per sampler call before waiting turns join the batch "
+                        "(continuous batching; 0 = whole turns per call)")
     p.add_argument("--seed", type=int, default=0, help="base seed of the episodes' sampling seeds (an SGLang server "
                                                        "honours them only when launched with "
                                                        "--enable-deterministic-inference; trajectories record it)")
@@ -347,6 +351,8 @@ def main(argv: Sequence[str] | None = None) -> ActorSummary | decoupled.RoundsSu
         parser.error(str(err))
     if args.sample_turns is not None and args.sample_turns < 1:
         parser.error(f"--sample-turns must be >= 1; got {args.sample_turns}")
+    if args.chunk_tokens < 0:
+        parser.error(f"--chunk-tokens must be >= 0 (0 = whole turns); got {args.chunk_tokens}")
     if args.greedy_member and args.group_size < 2:
         parser.error(f"--greedy-member needs --group-size >= 2 (a greedy member and samples); got {args.group_size}")
     try:
@@ -376,6 +382,7 @@ def main(argv: Sequence[str] | None = None) -> ActorSummary | decoupled.RoundsSu
                 raise SystemExit(f"actor: {err}") from err
         policy = build_policy(args.policy, PolicyOptions(
             tokenizer=tokenizer, env=tool_env, world=world, checkpoint=checkpoint, num_rows=args.concurrency,
+            chunk_tokens=args.chunk_tokens or None,
             mesh_shape=_mesh_shape(args.mesh), sglang_url=args.sglang_url, chat_url=args.chat_url,
             chat_model=args.chat_model, api_key=api_key, policy_version=policy_version))
         scorer = scoring.make_scorer(tool_env, world=world, generate_images=not args.no_images)

@@ -1,5 +1,6 @@
 """The actor: shards written atomically (round trip, killed mid-shard), the CLI, policy construction."""
 
+import dataclasses
 import json
 import os
 import signal
@@ -69,6 +70,7 @@ def test_actor_cli(tmp_path, world_dir, monkeypatch, capsys):
     for flags, message in [
         (("--branch-turns", "1,x"), "--branch-turns must be comma-separated ints; got '1,x'"),
         (("--sample-turns", "0"), "--sample-turns must be >= 1; got 0"),
+        (("--chunk-tokens", "-1"), "--chunk-tokens must be >= 0 (0 = whole turns); got -1"),
         (("--greedy-member",), "--greedy-member needs --group-size >= 2"),
         (("--draw-below", "0.5"), "--draw-below/--max-draws need --policy jax (got --policy expert)"),
         (("--max-draws", "-1"), "max_draws must be an int >= 0 (0 = no limit); got -1"),
@@ -108,6 +110,8 @@ def test_build_policy(tiny_checkpoint, tiny_renderer, the_world, sim_env):
                                   chat_url="http://127.0.0.1:1/v1", chat_model="m", policy_version=4)
     built = {name: actor.build_policy(name, options) for name in actor.POLICIES}
     assert isinstance(built["jax"], sampler_policy.SamplerPolicy) and built["jax"].num_rows == 2
+    assert built["jax"].chunk_tokens == sampler_policy.DEFAULT_CHUNK_TOKENS
+    assert actor.build_policy("jax", dataclasses.replace(options, chunk_tokens=None)).chunk_tokens is None
     assert isinstance(built["sglang"], sglang_policy.SGLangPolicy) and built["sglang"].policy_version == 4
     assert isinstance(built["harness"], harness.HarnessPolicy) and built["harness"].tools == sim_env.tool_schemas()
     assert built["expert"].name == "expert" and built["naive"].agent.__class__.__name__ == "NaiveAgent"
