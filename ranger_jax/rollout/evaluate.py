@@ -157,7 +157,8 @@ def evaluate_checkpoint(world_dir: str | os.PathLike, checkpoint: str | os.PathL
                         blank_observations: bool = False, trajectories_out: str | os.PathLike | None = None,
                         sampling: policy_lib.SamplingParams = GREEDY, samples_per_task: int = 1,
                         branch_turns: tuple[int, ...] = (0,), sample_turns: int | None = None, seed: int = 0,
-                        progress: bool = False, **env_options: Any) -> dict[str, Any]:
+                        chunk_tokens: int | None = sampler_policy.DEFAULT_CHUNK_TOKENS, progress: bool = False,
+                        **env_options: Any) -> dict[str, Any]:
     """Runs a checkpoint on the world's tasks, greedily unless `sampling` says otherwise (module docstring);
     returns the summary and one row per episode.
 
@@ -182,6 +183,8 @@ def evaluate_checkpoint(world_dir: str | os.PathLike, checkpoint: str | os.PathL
             score a policy the way GRPO rollouts that sample turn 2 alone play it.
         seed: base seed of the episodes' sampling seeds (`runner.episode_seed(seed, task index, sample)`, as an
             actor run with that seed and no rounds).
+        chunk_tokens: tokens a row decodes per sampler call (`SamplerPolicy`'s continuous batching; None: whole
+            turns per call). The results do not depend on it, only the time.
         progress: show a tqdm bar with the running search score.
         **env_options: passed to `env.make`, over everything else.
 
@@ -215,7 +218,8 @@ def evaluate_checkpoint(world_dir: str | os.PathLike, checkpoint: str | os.PathL
                                                                     blank_observations=blank_observations,
                                                                     **budgets))
     sampler = sampling_lib.Sampler(model, suppress_token_ids=sorted(tokenizer.vision_ids))
-    policy = sampler_policy.SamplerPolicy(sampler, num_rows=concurrency, name=f"jax:{Path(checkpoint).name}")
+    policy = sampler_policy.SamplerPolicy(sampler, num_rows=concurrency, name=f"jax:{Path(checkpoint).name}",
+                                          chunk_tokens=chunk_tokens)
     renderer = chat_lib.ChatRenderer(tokenizer, merge_size=vision.merge_size)
     options = env_options if env_name is not None else {**trained.env, **trained.rewards, **env_options}
     scorer = _RowScorer()
