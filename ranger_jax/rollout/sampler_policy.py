@@ -36,7 +36,7 @@ DEFAULT_BATCH_WAIT_S = 0.05  # longest wait for stragglers before a batched call
 # tokens a row decodes per call before the batch is refilled. Measured (benchmarks/continuous_batching.py, 2 CPU
 # cores): the greedy held-out evaluation of a sim-tiny SFT policy, 100 tasks, 32 rows, takes 42.6 s instead of 50.1
 # (x1.18) with the same per-task rewards: 1,197 decode steps instead of 2,190, each a little dearer (the batch mixes
-# short and long histories). Turns of one length gain nothing (a random policy that always fills its budget: x0.93)
+# short and long histories); turns that all run to the same length have nothing to gain
 DEFAULT_CHUNK_TOKENS = 32
 NEVER_DRAW = 1e-30  # `draw_below` of a row whose draw budget is spent: no token is that unlikely to be the argmax
 
