@@ -3,7 +3,7 @@
     python recipes/grpo_savanna.py                          # sim-tiny: the whole method on a CPU, ~20 min on 2 cores
     python recipes/grpo_savanna.py --out runs/a --seed 1    # another seed, another folder
     python recipes/grpo_savanna.py --blind                  # the control run: observations blanked
-    python recipes/grpo_savanna.py --grpo-schedule large-batch --out runs/large   # GRPO that beats SFT, ~45 min
+    python recipes/grpo_savanna.py --grpo-schedule large-batch --out runs/large   # larger GRPO steps, ~40 min
     python recipes/grpo_savanna.py --set grpo_learning_rate=2e-4 --set group_size=4   # any SimTinyConfig field
     python recipes/grpo_savanna.py --preset savanna-8b-tpu --checkpoint CKPT --tasks rl_data.json --dry-run
 
@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     tiny.add_argument("--grpo-steps", type=int, help="override the GRPO steps")
     tiny.add_argument("--grpo-schedule", default="default",
                       help="named GRPO settings: default (fits ~20 min on 2 cores) or large-batch (12 steps of 240 "
-                           "episodes: beats SFT held out, ~45 min on 2 cores)")
+                           "episodes: +0.040 held-out reward over SFT on average over 3 seeds, ~40 min on 2 cores)")
     tiny.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                       help="any SimTinyConfig field, value as JSON (repeatable), e.g. --set grpo_learning_rate=2e-4")
     scale = parser.add_argument_group("8B presets")
