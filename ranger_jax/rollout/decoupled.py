@@ -268,7 +268,8 @@ async def arun_rounds(tool_env: env_lib.ToolEnv, policy: policy_lib.Policy, task
             groups: list[runner.Group] = []
             with shards.RollingShardWriter(out_dir, prefix=round_prefix(prefix, round_index),
                                            records_per_shard=records_per_shard) as writer:
-                await _run_round(tool_env, policy, round_tasks(tasks, config.seed, round_index, rounds.tasks_per_round), renderer=renderer,
+                this_round = round_tasks(tasks, config.seed, round_index, rounds.tasks_per_round)
+                await _run_round(tool_env, policy, this_round, renderer=renderer,
                                  config=round_config(config, round_index), scorer=scorer, writer=writer,
                                  groups=groups, stop=stop, bar=bar)
             row = round_metrics(round_index, version, groups, wall_s=time.monotonic() - round_started,

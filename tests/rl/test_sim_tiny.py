@@ -23,7 +23,8 @@ REPO = Path(__file__).resolve().parents[2]
 MICRO = sim_tiny.SimTinyConfig(
     sft_worlds=1, tasks_per_world=4, grpo_tasks=4, eval_tasks=4, sft_steps=2, sft_batch=4, grpo_steps=2,
     copy_warmup_steps=2, first_turn_steps=2, copy_rehearsal=True, branch_turns=(0, 1),
-    grpo_tasks_per_step=1, group_size=2, actor_concurrency=1, max_new_tokens=24, progress=False, teacher_min_reward=0.0, grpo_augment=True,
+    grpo_tasks_per_step=1, group_size=2, actor_concurrency=1, max_new_tokens=24, progress=False,
+    teacher_min_reward=0.0, grpo_augment=True,
     advantages="prefix-tree", grpo_frozen=("embed_tokens", "mlp"), greedy_member=True,
     size=tiny_policy.TinyPolicySize(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                     num_attention_heads=2, num_key_value_heads=1, head_dim=16, vocab_size=512,
