@@ -154,6 +154,13 @@ def test_large_steps_run_through_the_actor_in_batches_of_its_concurrency(tmp_pat
     # a step's 240 episodes run 32 at a time, written as one shard, trained as one batch
     assert (flags["--tasks-per-round"], flags["--group-size"]) == ("60", "4")
     assert (flags["--concurrency"], flags["--records-per-shard"]) == ("32", "240")
+    decision = sim_tiny.configure(grpo_schedule="decision-batch")
+    command = sim_tiny.actor_command(decision, env_file=tmp_path / "env.toml", grpo_world=tmp_path / "w",
+                                     weights_dir=tmp_path / "weights", shards_dir=tmp_path / "shards",
+                                     metrics_path=tmp_path / "m.jsonl")
+    flags = {command[i]: command[i + 1] for i in range(len(command) - 1) if command[i].startswith("--")}
+    assert (flags["--draw-below"], flags["--max-draws"], flags["--records-per-shard"]) == ("0.9", "2", "240")
+    assert (decision.grpo_steps, decision.grpo_tasks, decision.grpo_learning_rate) == (4, 240, 3e-4)
     assert sim_tiny.grpo_rows(config) == 240 and sim_tiny.actor_rows(config) == 32
     assert sim_tiny.actor_rows(dataclasses.replace(config, actor_concurrency=500)) == 240
     assert sim_tiny.actor_rows(sim_tiny.SimTinyConfig()) == sim_tiny.grpo_rows(sim_tiny.SimTinyConfig()) == 32
