@@ -229,7 +229,8 @@ GRPO_SCHEDULES: dict[str, dict[str, Any]] = {
     # 4 steps of 240 decision-sampled episodes (draw_below 0.9, at most 2 draws a turn): a quarter of the gradient
     # noise scale (~1.1e3 episodes, against ~4.2e3 with every token of the sampled turn drawn, groups of 4). Measured
     # over 3 seeds in the whole recipe (docs/sim_tiny.md): +0.037, +0.064, then -0.210 on seed 2, whose greedy
-    # answer turns drifted (25 unparseable answers in 100); 1,171-1,321 s, at or over the 20-minute budget
+    # answer turns drifted (25 unparseable answers in 100; at lr 2e-4 still -0.055); 1,171-1,321 s, at or over the
+    # 20-minute budget
     "decision-batch": {"grpo_tasks": 240, "grpo_tasks_per_step": 60, "group_size": 4, "grpo_steps": 4,
                        "grpo_learning_rate": 3e-4, "draw_below": 0.9, "max_draws": 2},
 }
