@@ -114,13 +114,18 @@ def _params(model):
             for p, v in jax.tree_util.tree_leaves_with_path(state)}
 
 
-def test_grpo_sampling_settings_reach_the_actor_and_rollouts(tmp_path):
-    config = dataclasses.replace(MICRO, temperature=0.8, top_p=0.9, top_k=3, draw_below=0.7, max_draws=2,
-                                 greedy_member=False)
+def _actor_flags(config, tmp_path):
+    """The GRPO actor command of `config` as {flag: value}."""
     command = sim_tiny.actor_command(config, env_file=tmp_path / "env.toml", grpo_world=tmp_path / "w",
                                      weights_dir=tmp_path / "weights", shards_dir=tmp_path / "shards",
                                      metrics_path=tmp_path / "m.jsonl")
-    flags = {command[i]: command[i + 1] for i in range(len(command) - 1) if command[i].startswith("--")}
+    return {command[i]: command[i + 1] for i in range(len(command) - 1) if command[i].startswith("--")}
+
+
+def test_grpo_sampling_settings_reach_the_actor_and_rollouts(tmp_path):
+    config = dataclasses.replace(MICRO, temperature=0.8, top_p=0.9, top_k=3, draw_below=0.7, max_draws=2,
+                                 greedy_member=False)
+    flags = _actor_flags(config, tmp_path)
     assert (flags["--temperature"], flags["--top-p"], flags["--top-k"]) == ("0.8", "0.9", "3")
     assert (flags["--draw-below"], flags["--max-draws"]) == ("0.7", "2")
     sampled = sim_tiny.rollout_config(config, group_size=2).episode.sampling
@@ -147,20 +152,10 @@ def test_large_steps_run_through_the_actor_in_batches_of_its_concurrency(tmp_pat
     config = sim_tiny.configure(grpo_schedule="large-batch", overrides={"seed": 4})
     assert (config.grpo_tasks, config.grpo_tasks_per_step, config.group_size, config.grpo_steps) == (720, 60, 4, 12)
     assert config.grpo_learning_rate == 2e-4 and config.seed == 4 and config.actor_concurrency == 32
-    command = sim_tiny.actor_command(config, env_file=tmp_path / "env.toml", grpo_world=tmp_path / "w",
-                                     weights_dir=tmp_path / "weights", shards_dir=tmp_path / "shards",
-                                     metrics_path=tmp_path / "m.jsonl")
-    flags = {command[i]: command[i + 1] for i in range(len(command) - 1) if command[i].startswith("--")}
+    flags = _actor_flags(config, tmp_path)
     # a step's 240 episodes run 32 at a time, written as one shard, trained as one batch
     assert (flags["--tasks-per-round"], flags["--group-size"]) == ("60", "4")
     assert (flags["--concurrency"], flags["--records-per-shard"]) == ("32", "240")
-    decision = sim_tiny.configure(grpo_schedule="decision-batch")
-    command = sim_tiny.actor_command(decision, env_file=tmp_path / "env.toml", grpo_world=tmp_path / "w",
-                                     weights_dir=tmp_path / "weights", shards_dir=tmp_path / "shards",
-                                     metrics_path=tmp_path / "m.jsonl")
-    flags = {command[i]: command[i + 1] for i in range(len(command) - 1) if command[i].startswith("--")}
-    assert (flags["--draw-below"], flags["--max-draws"], flags["--records-per-shard"]) == ("0.9", "2", "240")
-    assert (decision.grpo_steps, decision.grpo_tasks, decision.grpo_learning_rate) == (4, 240, 3e-4)
     assert sim_tiny.grpo_rows(config) == 240 and sim_tiny.actor_rows(config) == 32
     assert sim_tiny.actor_rows(dataclasses.replace(config, actor_concurrency=500)) == 240
     assert sim_tiny.actor_rows(sim_tiny.SimTinyConfig()) == sim_tiny.grpo_rows(sim_tiny.SimTinyConfig()) == 32
@@ -169,6 +164,13 @@ def test_large_steps_run_through_the_actor_in_batches_of_its_concurrency(tmp_pat
     with pytest.raises(ValueError, match="unknown GRPO schedule 'huge'; known: default, large-batch"):
         sim_tiny.configure(grpo_schedule="huge")
 
+
+
+def test_decision_batch_schedule_draws_only_uncertain_tokens_in_large_steps(tmp_path):
+    decision = sim_tiny.configure(grpo_schedule="decision-batch")
+    flags = _actor_flags(decision, tmp_path)
+    assert (flags["--draw-below"], flags["--max-draws"], flags["--records-per-shard"]) == ("0.9", "2", "240")
+    assert (decision.grpo_steps, decision.grpo_tasks, decision.grpo_learning_rate) == (4, 240, 3e-4)
 
 def test_config_overrides_are_typed_by_the_field():
     overrides = sim_tiny.config_overrides(["grpo_learning_rate=2e-4", "group_size=4", "branch_turns=[1, 2]",
