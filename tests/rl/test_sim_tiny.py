@@ -165,12 +165,12 @@ def test_large_steps_run_through_the_actor_in_batches_of_its_concurrency(tmp_pat
         sim_tiny.configure(grpo_schedule="huge")
 
 
-
 def test_decision_batch_schedule_draws_only_uncertain_tokens_in_large_steps(tmp_path):
     decision = sim_tiny.configure(grpo_schedule="decision-batch")
     flags = _actor_flags(decision, tmp_path)
     assert (flags["--draw-below"], flags["--max-draws"], flags["--records-per-shard"]) == ("0.9", "2", "240")
     assert (decision.grpo_steps, decision.grpo_tasks, decision.grpo_learning_rate) == (4, 240, 3e-4)
+
 
 def test_config_overrides_are_typed_by_the_field():
     overrides = sim_tiny.config_overrides(["grpo_learning_rate=2e-4", "group_size=4", "branch_turns=[1, 2]",
