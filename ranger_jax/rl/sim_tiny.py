@@ -15,10 +15,12 @@ Stages (each with a progress bar), all under one output folder:
    consistently through each row (`data.augment.content_words`): without it the policy memorises the training
    requests instead of copying from what it reads, and scores 0 on unseen tasks (`docs/sim_tiny.md`).
 4. **GRPO.** A decoupled actor process samples groups on the GRPO world with the latest published weights; the
-   learner streams its shards and publishes new weights every step (`rl.grpo_loop`). A group plays its first
-   turns once and samples the decision turn (`find_object`'s description) per member; the learner runs the shared
-   context once (`data.shared_prefix`) and, with `grpo_augment` (off by default), sees each group's content words
-   permuted as SFT did, so its update has to improve copying rather than recall the GRPO tasks' looks.
+   learner streams its shards and publishes new weights every step (`rl.grpo_loop`). A group's members play the
+   first turns greedily (the same context for all) and sample the decision turn (`find_object`'s description),
+   drawing only where the policy is unsure (at most two tokens a turn, the argmax elsewhere); the steps are large
+   (240 episodes) and train attention alone. The learner runs the shared context once (`data.shared_prefix`) and,
+   with `grpo_augment` (off by default), sees each group's content words permuted as SFT did, so its update has
+   to improve copying rather than recall the GRPO tasks' looks.
 5. **Evaluation.** Naive, teacher, oracle expert, SFT and GRPO policies on the held-out world with the env's one
    reward (`ToolEnv.score`); policies run greedy through the JAX sampler.
 
@@ -74,7 +76,8 @@ class SimTinyConfig:
     # 0.17, 12 worlds -> 0.47 with the same SFT steps. The policy is short of examples, not of steps.
     sft_worlds: int = 12
     tasks_per_world: int = 40
-    grpo_tasks: int = 80
+    # the GRPO world; each step's 60 tasks are drawn from an endless shuffled stream of them
+    grpo_tasks: int = 240
     eval_tasks: int = 100
     # The world generation the run builds. 1: the first offline world (one fact sheet per release, clean searches),
     # where the three-call teacher reaches ~0.7. World 2 (dead links, leaks, spread facts, two subjects) needs the
@@ -105,25 +108,34 @@ class SimTinyConfig:
     # Rehearsing the random-token copy after every SFT step (off: measured not to help, ~35% more SFT time).
     copy_rehearsal: bool = False
     sft_augment: bool = True  # permute every content word through each SFT episode (data.augment.content_words)
-    # GRPO
-    grpo_steps: int = 6
-    grpo_tasks_per_step: int = 4
-    group_size: int = 8
+    # GRPO: 3 steps of 240 decision-sampled episodes (60 groups of 4), attention trained alone. Measured from the
+    # SFT policies of seeds 0, 1, 2 (docs/sim_tiny.md, "Large steps of decision samples"): held-out greedy reward
+    # +0.036 (paired SE 0.023), +0.063 (0.041), +0.019 (0.018); a 4th step (`GRPO_SCHEDULES["four-steps"]`) gives
+    # +0.064 (0.027), +0.063, +0.019 but takes the whole run past 20 minutes on 2 cores (1,233 s on seed 2). A step
+    # of 240 such episodes is a quarter of the gradient's noise scale; the steps of 32 episodes before (6 of 4 groups
+    # of 8, every token of the sampled turn drawn, every parameter, lr 1e-4: `GRPO_SCHEDULES["small-steps"]`) gave
+    # -0.017 to -0.000
+    grpo_steps: int = 3
+    grpo_tasks_per_step: int = 60
+    group_size: int = 4
     # episodes the GRPO actor keeps in flight (its sampler's rows; the evaluations use as many): a step's
     # grpo_tasks_per_step x group_size episodes run in batches of at most this many. Measured on 2 CPU cores
     # (docs/sim_tiny.md): 2.3 episodes/s with 32 rows, 0.88 with 240 (decode time grows with the rows)
     actor_concurrency: int = 32
-    # measured from one SFT policy (held-out reward 0.275): 1e-4 -> 0.257, 3e-4 -> 0.221, 1e-3 -> 0 (docs/sim_tiny.md)
-    grpo_learning_rate: float = 1e-4
+    # with small steps (32 episodes, every parameter) from one SFT policy (held-out reward 0.275): 1e-4 -> 0.257,
+    # 3e-4 -> 0.221, 1e-3 -> 0 (docs/sim_tiny.md); the large decision-sampled steps of attention alone take 3e-4
+    grpo_learning_rate: float = 3e-4
     temperature: float = 1.0
     # nucleus mass and top-k of the GRPO samples (1.0 / -1: the whole distribution)
     top_p: float = 1.0
     top_k: int = -1
     # decision sampling of the GRPO rollouts (`policy.SamplingParams.draw_below` / `max_draws`): draw a token only
     # where the policy's most likely one has probability below `draw_below`, at most `max_draws` a turn, the
-    # argmax elsewhere; only drawn tokens are trained (1.0 / 0: every token of the sampled turn drawn and trained)
-    draw_below: float = 1.0
-    max_draws: int = 0
+    # argmax elsewhere; only drawn tokens are trained (1.0 / 0: every token of the sampled turn drawn and trained).
+    # Measured (docs/sim_tiny.md): a four times lower gradient noise scale than every token drawn (~1.1e3 episodes
+    # against ~4.2e3); with no cap on the draws (max_draws 0) the seed-2 policy lost -0.41
+    draw_below: float = 0.9
+    max_draws: int = 2
     # turns each GRPO group may branch at (runner.RolloutConfig.branch_turns; (0,): whole episodes sampled) and how
     # many turns from there are sampled (None: all; the later ones are greedy, untrained context). Turn 2 is the
     # find_object description, where the SFT policy's held-out failures are (which snippet's look it copies).
@@ -138,8 +150,12 @@ class SimTinyConfig:
     max_staleness: int = 2
     # GRPO advantages: "group" (one per episode) or "prefix-tree" (per token, from the group's shared prefixes)
     advantages: str = "group"
-    # parameters GRPO leaves as SFT made them (`LearnerConfig.frozen`: names in parameter paths)
-    grpo_frozen: tuple[str, ...] = ()
+    # parameters GRPO leaves as SFT made them (`LearnerConfig.frozen`: names in parameter paths); by default the
+    # embeddings (tied to the head), the MLPs and the vision tower, so attention alone is trained (198k of the
+    # language model's 1.05M parameters). Adam moves every trained parameter by about the learning rate whatever its
+    # gradient; with all of them trained the decision-sampled steps broke the seed-2 policy's greedy turns (-0.210,
+    # docs/sim_tiny.md), with attention alone +0.019
+    grpo_frozen: tuple[str, ...] = ("embed_tokens", "mlp", "visual")
     # the learner runs each group's shared context (the greedy turns before the sampled one) once and the members'
     # sampled turns as short rows continuing it (`data.shared_prefix`; exact): ~5x fewer learner tokens per step
     shared_prefix: bool = True
@@ -217,22 +233,24 @@ class SimTinyConfig:
                 "max_turns": self.max_turns, "max_tool_calls": self.max_tool_calls}
 
 
-# Named GRPO settings (`recipes/grpo_savanna.py --grpo-schedule`). "large-batch": steps of 240 episodes (a third of
-# the gradient's noise scale, ~700 episodes at the decision turn) over a 720-task world, every task seen once.
-# Measured from the SFT policies of seeds 0, 1, 2 (docs/sim_tiny.md): held-out greedy reward +0.064 (paired SE
-# 0.027), +0.064 (0.047), -0.009 (0.028), +0.040 (0.020) on average, where the default's 6 steps of 32 episodes
-# give -0.009 to -0.000; 22-28 minutes of GRPO on 2 CPU cores, beyond sim-tiny's 20-minute budget.
+# Named GRPO settings (`recipes/grpo_savanna.py --grpo-schedule`), each measured from the SFT policies of seeds 0, 1,
+# 2 (held-out greedy reward difference, paired SE; docs/sim_tiny.md). "default": the config's defaults (3 steps of 240
+# decision-sampled episodes, attention alone): +0.036 (0.023), +0.063 (0.041), +0.019 (0.018).
 GRPO_SCHEDULES: dict[str, dict[str, Any]] = {
     "default": {},
+    # one step more: +0.064 (0.027), +0.063 (0.044), +0.019 (0.018); ~100-120 s more, over 20 minutes on seed 2
+    "four-steps": {"grpo_steps": 4},
+    # the default before: 6 steps of 4 groups of 8 over 80 tasks, every token of the sampled turn drawn, every
+    # parameter trained at lr 1e-4: -0.009 (0.024), -0.000 (0.032), -0.017 (0.023); ~100-170 s of GRPO
+    "small-steps": {"grpo_tasks": 80, "grpo_tasks_per_step": 4, "group_size": 8, "grpo_steps": 6,
+                    "grpo_learning_rate": 1e-4, "draw_below": 1.0, "max_draws": 0, "grpo_frozen": ()},
+    # 12 steps of 240 episodes over a 720-task world, every token of the sampled turn drawn, every parameter: +0.064
+    # (0.027), +0.064 (0.047), -0.009 (0.028); 22-28 minutes of GRPO on 2 CPU cores, beyond the 20-minute budget
     "large-batch": {"grpo_tasks": 720, "grpo_tasks_per_step": 60, "group_size": 4, "grpo_steps": 12,
-                    "grpo_learning_rate": 2e-4},
-    # 4 steps of 240 decision-sampled episodes (draw_below 0.9, at most 2 draws a turn): a quarter of the gradient
-    # noise scale (~1.1e3 episodes, against ~4.2e3 with every token of the sampled turn drawn, groups of 4). Measured
-    # over 3 seeds in the whole recipe (docs/sim_tiny.md): +0.037, +0.064, then -0.210 on seed 2, whose greedy
-    # answer turns drifted (25 unparseable answers in 100; at lr 2e-4 still -0.055); 1,171-1,321 s, at or over the
-    # 20-minute budget
-    "decision-batch": {"grpo_tasks": 240, "grpo_tasks_per_step": 60, "group_size": 4, "grpo_steps": 4,
-                       "grpo_learning_rate": 3e-4, "draw_below": 0.9, "max_draws": 2},
+                    "grpo_learning_rate": 2e-4, "draw_below": 1.0, "max_draws": 0, "grpo_frozen": ()},
+    # four of the default's steps with every parameter trained: +0.037 (0.034), +0.064 (0.044), then -0.210 (0.043)
+    # on seed 2, whose trained turn broke at its greedy end (25 unparseable answers in 100; at lr 2e-4 still -0.055)
+    "decision-batch": {"grpo_steps": 4, "grpo_frozen": ()},
 }
 
 
@@ -437,6 +455,9 @@ def actor_command(config: SimTinyConfig, *, env_file: Path, grpo_world: Path, we
                "--policy", "jax", "--weights-dir", str(weights_dir), "--out", str(shards_dir), "--prefix", "actor0",
                "--group-size", str(config.group_size), "--tasks-per-round", str(config.grpo_tasks_per_step),
                "--concurrency", str(actor_rows(config)), "--records-per-shard", str(grpo_rows(config)),
+               # the learner takes one round a step: the actor stops after the last one instead of sampling a round
+               # no step reads while the learner's last step runs
+               "--max-rounds", str(config.grpo_steps),
                "--temperature", str(config.temperature), "--top-p", str(config.top_p),
                "--top-k", str(config.top_k), "--draw-below", str(config.draw_below),
                "--max-draws", str(config.max_draws),

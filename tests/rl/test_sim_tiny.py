@@ -25,7 +25,7 @@ MICRO = sim_tiny.SimTinyConfig(
     copy_warmup_steps=2, first_turn_steps=2, copy_rehearsal=True, branch_turns=(0, 1),
     grpo_tasks_per_step=1, group_size=2, actor_concurrency=1, max_new_tokens=24, progress=False,
     teacher_min_reward=0.0, grpo_augment=True,
-    advantages="prefix-tree", grpo_frozen=("embed_tokens", "mlp"), greedy_member=True,
+    advantages="prefix-tree", grpo_frozen=("embed_tokens", "mlp"), greedy_member=True, draw_below=1.0, max_draws=0,
     size=tiny_policy.TinyPolicySize(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                     num_attention_heads=2, num_key_value_heads=1, head_dim=16, vocab_size=512,
                                     vision_depth=1, vision_hidden_size=16))
@@ -99,6 +99,9 @@ def test_grpo_ran_decoupled_with_versions_and_staleness(run):
         dataclasses.replace(MICRO, sample_turns=None)
     assert dataclasses.replace(MICRO, sample_turns=None, shared_prefix=False).sample_turns is None
     assert (out / "weights" / "latest").read_text().strip() == "2"
+    # the actor ran the two rounds the two steps took and stopped (`--max-rounds`), none sampled for nothing
+    assert sorted({p.name.split("-")[1] for p in shards.list_shards(out / "grpo_shards")}) == ["r00000", "r00001"]
+    assert len((out / "metrics" / "actor0.jsonl").read_text().splitlines()) == 2
     assert (out / "weights" / "STOP").exists()
     # GRPO left the frozen parameters (`grpo_frozen`) as SFT made them
     sft_model = qwen3_vl.load(out / "sft_policy")
@@ -158,18 +161,30 @@ def test_large_steps_run_through_the_actor_in_batches_of_its_concurrency(tmp_pat
     assert (flags["--concurrency"], flags["--records-per-shard"]) == ("32", "240")
     assert sim_tiny.grpo_rows(config) == 240 and sim_tiny.actor_rows(config) == 32
     assert sim_tiny.actor_rows(dataclasses.replace(config, actor_concurrency=500)) == 240
-    assert sim_tiny.actor_rows(sim_tiny.SimTinyConfig()) == sim_tiny.grpo_rows(sim_tiny.SimTinyConfig()) == 32
+    small = sim_tiny.configure(grpo_schedule="small-steps")
+    assert sim_tiny.actor_rows(small) == sim_tiny.grpo_rows(small) == 32
+    assert (config.draw_below, config.max_draws, config.grpo_frozen) == (1.0, 0, ())  # as measured: every token
     with pytest.raises(ValueError, match="actor_concurrency must be a positive int"):
         dataclasses.replace(config, actor_concurrency=0)
-    with pytest.raises(ValueError, match="unknown GRPO schedule 'huge'; known: default, large-batch"):
+    known = "default, four-steps, small-steps, large-batch, decision-batch"
+    with pytest.raises(ValueError, match=f"unknown GRPO schedule 'huge'; known: {known}"):
         sim_tiny.configure(grpo_schedule="huge")
 
 
-def test_decision_batch_schedule_draws_only_uncertain_tokens_in_large_steps(tmp_path):
-    decision = sim_tiny.configure(grpo_schedule="decision-batch")
-    flags = _actor_flags(decision, tmp_path)
+def test_default_grpo_draws_uncertain_tokens_in_large_steps_and_trains_attention_alone(tmp_path):
+    default = sim_tiny.configure()
+    flags = _actor_flags(default, tmp_path)
     assert (flags["--draw-below"], flags["--max-draws"], flags["--records-per-shard"]) == ("0.9", "2", "240")
-    assert (decision.grpo_steps, decision.grpo_tasks, decision.grpo_learning_rate) == (4, 240, 3e-4)
+    assert (flags["--concurrency"], flags["--max-rounds"]) == ("32", "3")
+    assert (default.grpo_steps, default.grpo_tasks, default.grpo_learning_rate) == (3, 240, 3e-4)
+    assert default.grpo_frozen == ("embed_tokens", "mlp", "visual")  # the learner trains attention alone
+    four = sim_tiny.configure(grpo_schedule="four-steps")
+    assert _actor_flags(four, tmp_path)["--max-rounds"] == "4" and four.grpo_frozen == default.grpo_frozen
+    every = sim_tiny.configure(grpo_schedule="decision-batch")  # four such steps, every parameter trained
+    assert (every.grpo_steps, every.grpo_frozen, every.draw_below) == (4, (), 0.9)
+    small = sim_tiny.configure(grpo_schedule="small-steps")
+    assert (small.group_size, small.grpo_steps, small.draw_below, small.max_draws, small.grpo_frozen) == \
+        (8, 6, 1.0, 0, ())
 
 
 def test_config_overrides_are_typed_by_the_field():
@@ -188,7 +203,7 @@ def test_config_overrides_are_typed_by_the_field():
                           ("blind=1", "--set blind=1: expected bool like False"),
                           ("branch_turns=2", r"--set branch_turns=2: expected tuple like \(2,\)"),
                           ("size={\"width\": 3}", "--set size: .*width"),
-                          ("grpo_steps=null", "expected int like 6")):
+                          ("grpo_steps=null", "expected int like 3")):
         with pytest.raises(ValueError, match=message):
             sim_tiny.config_overrides([pair])
     with pytest.raises(ValueError, match="top_p"):  # the config's own checks still apply
@@ -263,8 +278,9 @@ def test_blind_micro_run_survives_rounds_with_nothing_to_train(tmp_path):
 def test_gradient_agreement_of_the_sft_policy_on_the_grpo_groups(run, tmp_path, monkeypatch, capsys):
     out, summary = run
     result = diagnostics.measure_policy(str(out / "sft_policy"), str(out / "grpo_shards"), batch_size=1,
-                                        max_batches=6)
-    assert result.num_batches == 6 and result.batch_rows == 1
+                                        max_batches=4)
+    # the actor ran the run's two rounds of one group of 2: four episodes, one a batch
+    assert result.num_batches == 4 and result.batch_rows == 1
     rewards = {t.group_id: set() for path in shards.list_shards(out / "grpo_shards") for t in shards.read_shard(path)}
     for t in (t for path in shards.list_shards(out / "grpo_shards") for t in shards.read_shard(path)):
         rewards[t.group_id].add(round(t.reward, 6))
@@ -274,12 +290,12 @@ def test_gradient_agreement_of_the_sft_policy_on_the_grpo_groups(run, tmp_path, 
         assert result.mean_gradient_norm > 0
         # log-probs at the rollouts' temperature: another distribution, other gradients
         tempered = diagnostics.measure_policy(str(out / "sft_policy"), str(out / "grpo_shards"), batch_size=1,
-                                              max_batches=6, temperature=0.5)
+                                              max_batches=4, temperature=0.5)
         assert tempered.mean_gradient_norm != pytest.approx(result.mean_gradient_norm, rel=1e-3)
     assert -1 <= result.half_cosine <= 1 and -1 <= result.mean_pairwise_cosine <= 1
     report = tmp_path / "agreement.json"
     monkeypatch.setattr(sys, "argv", ["gradient_agreement.py", "--policy", str(out / "sft_policy"), "--shards",
-                                      str(out / "grpo_shards"), "--batch-size", "1", "--max-batches", "6",
+                                      str(out / "grpo_shards"), "--batch-size", "1", "--max-batches", "4",
                                       "--json", str(report)])
     runpy.run_path(str(REPO / "evals" / "gradient_agreement.py"), run_name="__main__")
     written = json.loads(report.read_text())
