@@ -133,7 +133,7 @@ class SimTinyConfig:
     # where the policy's most likely one has probability below `draw_below`, at most `max_draws` a turn, the
     # argmax elsewhere; only drawn tokens are trained (1.0 / 0: every token of the sampled turn drawn and trained).
     # Measured (docs/sim_tiny.md): a four times lower gradient noise scale than every token drawn (~1.1e3 episodes
-    # against ~4.2e3); with no cap on the draws (max_draws 0) the seed-2 policy lost -0.41
+    # against ~4.2e3); with no cap on the draws (max_draws 0, every parameter trained) the seed-2 policy lost -0.41
     draw_below: float = 0.9
     max_draws: int = 2
     # turns each GRPO group may branch at (runner.RolloutConfig.branch_turns; (0,): whole episodes sampled) and how
