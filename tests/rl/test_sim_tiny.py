@@ -268,11 +268,19 @@ def test_teacher_rejection_keeps_only_good_episodes(run, tmp_path):
 
 
 def test_blind_micro_run_survives_rounds_with_nothing_to_train(tmp_path):
-    # blind, the micro policy's groups all score alike: the filters keep no row, and such a round is skipped
-    summary = sim_tiny.run(dataclasses.replace(MICRO, blind=True, first_turn_steps=1, copy_warmup_steps=1), tmp_path)
+    # blind, the micro policy's groups all score alike: the filters keep no row, and such a round is skipped. The
+    # GRPO rollouts sample as the default does (decision sampling, no greedy member, attention alone trained)
+    default = sim_tiny.SimTinyConfig()
+    config = dataclasses.replace(MICRO, blind=True, first_turn_steps=1, copy_warmup_steps=1, greedy_member=False,
+                                 draw_below=default.draw_below, max_draws=default.max_draws,
+                                 grpo_frozen=default.grpo_frozen)
+    summary = sim_tiny.run(config, tmp_path)
     grpo = summary["grpo"]
     assert grpo["num_steps"] == 2 and grpo["final_version"] + grpo["skipped_rounds"] == 2
     assert summary["blind"] is True and 0.0 <= summary["grpo_reward"] <= 1.0
+    records = [t for path in shards.list_shards(tmp_path / "grpo_shards") for t in shards.read_shard(path)]
+    drawn = [int(t.loss_mask.sum()) for t in records]  # only drawn tokens are trained, at most two a sampled turn
+    assert max(drawn) <= default.max_draws and sum(drawn) > 0
 
 
 def test_gradient_agreement_of_the_sft_policy_on_the_grpo_groups(run, tmp_path, monkeypatch, capsys):
