@@ -73,7 +73,7 @@ def test_grpo_ran_decoupled_with_versions_and_staleness(run):
     grpo = summary["grpo"]
     assert grpo["num_steps"] == 2 and grpo["final_version"] == 2 and grpo["episodes"] >= 4
     assert all(int(k) >= 0 for k in grpo["staleness"]) and sum(grpo["staleness"].values()) == grpo["episodes"]
-    records = [t for path in shards.list_shards(out / "grpo_shards") for t in shards.read_shard(path)]
+    records = _records(out / "grpo_shards")
     assert {t.policy_version for t in records} <= {0, 1, 2} and 0 in {t.policy_version for t in records}
     assert {t.metadata["sample_from_turn"] for t in records} <= {0, 1}  # the groups' branching turns
     assert {t.metadata["sample_turns"] for t in records} == {1}  # one sampled turn each (the default)
@@ -109,6 +109,11 @@ def test_grpo_ran_decoupled_with_versions_and_staleness(run):
     sft, final = _params(sft_model), _params(qwen3_vl.load(out / "policy"))
     frozen = [k for k in sft if "embed_tokens" in k or ".mlp." in k]
     assert frozen and all(np.array_equal(sft[k], final[k]) for k in frozen)
+
+
+def _records(folder):
+    """Every trajectory of the shards in `folder`, shard by shard."""
+    return [t for path in shards.list_shards(folder) for t in shards.read_shard(path)]
 
 
 def _params(model):
@@ -246,7 +251,7 @@ def test_teacher_rejection_keeps_only_good_episodes(run, tmp_path):
     from ranger_jax.processing import tokenizer as tokenizer_lib
 
     out, _ = run
-    recorded = [t for p in shards.list_shards(out / "sft_data") for t in shards.read_shard(p)]
+    recorded = _records(out / "sft_data")
     everything = sorted(t.reward for t in recorded)
     assert len(everything) == 4  # MICRO keeps every teacher episode
     # written in task order, whichever episode finished first: a seed repeats its SFT data
@@ -261,7 +266,7 @@ def test_teacher_rejection_keeps_only_good_episodes(run, tmp_path):
     threshold = (everything[0] + everything[-1]) / 2
     stats = sim_tiny.record_teacher(dataclasses.replace(MICRO, teacher_min_reward=threshold), worlds["sft"],
                                     tokenizer, tmp_path / "kept")
-    kept = [t.reward for p in shards.list_shards(tmp_path / "kept") for t in shards.read_shard(p)]
+    kept = [t.reward for t in _records(tmp_path / "kept")]
     assert stats["teacher_episodes"] == 4 and stats["teacher_kept"] == len(kept) == sum(r >= threshold
                                                                                         for r in everything)
     assert all(r >= threshold for r in kept)
@@ -278,7 +283,7 @@ def test_blind_micro_run_survives_rounds_with_nothing_to_train(tmp_path):
     grpo = summary["grpo"]
     assert grpo["num_steps"] == 2 and grpo["final_version"] + grpo["skipped_rounds"] == 2
     assert summary["blind"] is True and 0.0 <= summary["grpo_reward"] <= 1.0
-    records = [t for path in shards.list_shards(tmp_path / "grpo_shards") for t in shards.read_shard(path)]
+    records = _records(tmp_path / "grpo_shards")
     drawn = [int(t.loss_mask.sum()) for t in records]  # only drawn tokens are trained, at most two a sampled turn
     assert max(drawn) <= default.max_draws and sum(drawn) > 0
 
@@ -289,9 +294,9 @@ def test_gradient_agreement_of_the_sft_policy_on_the_grpo_groups(run, tmp_path, 
                                         max_batches=4)
     # the actor ran the run's two rounds of one group of 2: four episodes, one a batch
     assert result.num_batches == 4 and result.batch_rows == 1
-    rewards = {t.group_id: set() for path in shards.list_shards(out / "grpo_shards") for t in shards.read_shard(path)}
-    for t in (t for path in shards.list_shards(out / "grpo_shards") for t in shards.read_shard(path)):
-        rewards[t.group_id].add(round(t.reward, 6))
+    rewards = {}
+    for t in _records(out / "grpo_shards"):
+        rewards.setdefault(t.group_id, set()).add(round(t.reward, 6))
     if all(len(r) == 1 for r in rewards.values()):  # no group with reward variance: no advantage, no gradient
         assert result.mean_gradient_norm == 0 and result.noise_norm_sq == 0
     else:
