@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import copy
 import dataclasses
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -174,6 +175,17 @@ class _Episode:
         self.weight_versions: list[str] = []
         self.num_messages = 0  # env messages whose tokens are in the sequence
         self.error: str | None = None
+        self.next_turn = 0  # the turn the loop plays next
+        self.new_images: tuple[sequence.PreparedImage, ...] = ()  # the images of the observation not yet sent
+        self.forked_from: str | None = None  # the rid whose turns this episode took over (`run_shared_trunk`)
+
+    def fork(self, spec: EpisodeSpec) -> _Episode:
+        """A copy of this episode so far that goes on as `spec` (its own sequence, turn records and versions)."""
+        twin = copy.copy(self)
+        twin.spec, twin.seq = spec, self.seq.copy()
+        twin.turns, twin.versions = copy.deepcopy(self.turns), list(self.versions)
+        twin.weight_versions, twin.forked_from = list(self.weight_versions), self.spec.rid
+        return twin
 
     def room_for_turn(self) -> int:
         """New tokens the next turn may take: the budget minus the generation prompt and the turn's closing."""
@@ -204,29 +216,109 @@ async def run_episode(env: tool_env.ToolEnv, policy: policy_lib.Policy, spec: Ep
     """
     started = time.monotonic()
     ep = _Episode(spec, renderer, config, cache if cache is not None else EpisodeCache())
-    state = env.reset(spec.task)
-    prefix = ep.cache.prefix(renderer, state.messages[0]["content"], state.messages[1]["content"])
-    ep.seq.append(prefix)
-    ep.num_messages = 2
-    new_images: tuple[sequence.PreparedImage, ...] = ()
+    state = _start(env, ep)
     try:
-        state = await _loop(env, policy, ep, state, new_images)
+        state = await _loop(env, policy, ep, state)
     finally:
         await policy.release(spec.rid)
     rollout_s = time.monotonic() - started
-    score, reward_s = None, 0.0
-    if scorer is not None:
-        reward_started = time.monotonic()
-        score = await scorer.ascore(env, state)
-        reward_s = time.monotonic() - reward_started
+    score, reward_s = await _score(env, state, scorer)
     return _record(ep, policy, state, score, rollout_s, reward_s)
 
 
-async def _loop(env: tool_env.ToolEnv, policy: policy_lib.Policy, ep: _Episode, state: tool_env.EnvState,
-                new_images: tuple[sequence.PreparedImage, ...]) -> tool_env.EnvState:
+async def run_shared_trunk(env: tool_env.ToolEnv, policy: policy_lib.Policy, specs: Sequence[EpisodeSpec], *,
+                           renderer: chat.ChatRenderer, config: EpisodeConfig, scorer: Scorer | None = None,
+                           cache: EpisodeCache | None = None,
+                           before_fork: Callable[[], Awaitable[None]] | None = None) -> list[trajectory.Trajectory]:
+    """The samples of one group, its greedy turns played once: what `run_episode` gives for each spec, cheaper.
+
+    The turns before `sample_from_turn` are greedy and identical for every sample of a group, so they are played
+    once, as the first sample; the other samples then fork from it (`Policy.fork`: the JAX sampler copies its KV
+    row, nothing is re-run) and each plays on from the branching turn with its own seed. An episode that ends before
+    the branching turn is every sample's episode (scored once). Each trajectory records the trunk's turns as its
+    own, and the rid it was forked from in `metadata["forked_from"]`.
+
+    Args:
+        specs: the group's samples in order: one task and group id, one `sample_from_turn` >= 1.
+        before_fork: awaited before the other samples come into being (a runner reserves their rows with it).
+        env, policy, renderer, config, scorer, cache: as for `run_episode`.
+
+    Raises:
+        ValueError: specs that are not one group branching at a turn >= 1.
+    """
+    specs = list(specs)
+    if not specs:
+        raise ValueError("run_shared_trunk needs at least one EpisodeSpec")
+    first = specs[0]
+    for spec in specs[1:]:
+        if (spec.task.id, spec.group_id, spec.sample_from_turn) != (first.task.id, first.group_id,
+                                                                   first.sample_from_turn):
+            raise ValueError(f"run_shared_trunk: sample {spec.sample_index} has task {spec.task.id!r}, group "
+                             f"{spec.group_id!r}, branching turn {spec.sample_from_turn}; the first has "
+                             f"{first.task.id!r}, {first.group_id!r}, {first.sample_from_turn}")
+    if first.sample_from_turn < 1:
+        raise ValueError(f"run_shared_trunk: group {first.group_id!r} branches at turn 0; nothing to share")
+    started = time.monotonic()
+    trunk = _Episode(first, renderer, config, cache if cache is not None else EpisodeCache())
+    state = _start(env, trunk)
+    forked = False
+    try:
+        state = await _loop(env, policy, trunk, state, stop_at=first.sample_from_turn)
+        if not state.done:
+            if before_fork is not None:
+                await before_fork()
+            await policy.fork(first.rid, [spec.rid for spec in specs[1:]])
+            forked = True
+    finally:
+        if not forked:
+            await policy.release(first.rid)
+    if not forked:  # the episode ended before its branching turn: one episode for every sample
+        rollout_s = time.monotonic() - started
+        score, reward_s = await _score(env, state, scorer)
+        return [_record(trunk if spec is first else trunk.fork(spec), policy, state, score, rollout_s, reward_s)
+                for spec in specs]
+    trunk_s = time.monotonic() - started
+    episodes = [trunk] + [trunk.fork(spec) for spec in specs[1:]]
+
+    async def branch(ep: _Episode) -> trajectory.Trajectory:
+        branch_started = time.monotonic()
+        try:
+            end = await _loop(env, policy, ep, state)
+        finally:
+            await policy.release(ep.spec.rid)
+        rollout_s = trunk_s + time.monotonic() - branch_started
+        score, reward_s = await _score(env, end, scorer)
+        return _record(ep, policy, end, score, rollout_s, reward_s)
+
+    return list(await asyncio.gather(*(branch(ep) for ep in episodes)))
+
+
+def _start(env: tool_env.ToolEnv, ep: _Episode) -> tool_env.EnvState:
+    """The env reset for the episode's task, its prefix (system and task prompt) in the sequence."""
+    state = env.reset(ep.spec.task)
+    prefix = ep.cache.prefix(ep.renderer, state.messages[0]["content"], state.messages[1]["content"])
+    ep.seq.append(prefix)
+    ep.num_messages = 2
+    return state
+
+
+async def _score(env: tool_env.ToolEnv, state: tool_env.EnvState, scorer: Scorer | None
+                 ) -> tuple[core.Score | None, float]:
+    """The finished episode's score (None without a scorer) and the seconds it took."""
+    if scorer is None:
+        return None, 0.0
+    started = time.monotonic()
+    score = await scorer.ascore(env, state)
+    return score, time.monotonic() - started
+
+
+async def _loop(env: tool_env.ToolEnv, policy: policy_lib.Policy, ep: _Episode, state: tool_env.EnvState, *,
+                stop_at: int | None = None) -> tool_env.EnvState:
+    """Plays turns from `ep.next_turn` until the episode ends (or, given `stop_at`, before that turn)."""
     renderer, config, tok = ep.renderer, ep.config, ep.renderer.tokenizer
-    for turn in range(env.config.max_turns + 2):  # + the forced final turn + one of slack
-        if state.done:
+    for turn in range(ep.next_turn, env.config.max_turns + 2):  # + the forced final turn + one of slack
+        ep.next_turn = turn
+        if state.done or turn == stop_at:
             return state
         room = ep.room_for_turn()
         if room < 1:
@@ -235,7 +327,7 @@ async def _loop(env: tool_env.ToolEnv, policy: policy_lib.Policy, ep: _Episode, 
         prompt_ids = np.concatenate([ep.seq.ids, ep.generation_prompt.ids]).astype(np.int32)
         sampled = ep.spec.samples_turn(turn)
         request = policy_lib.TurnRequest(
-            rid=ep.spec.rid, turn=turn, prompt_ids=prompt_ids, new_images=new_images,
+            rid=ep.spec.rid, turn=turn, prompt_ids=prompt_ids, new_images=ep.new_images,
             sampling=config.sampling if sampled and not ep.spec.greedy else GREEDY,
             max_new_tokens=min(config.max_new_tokens, room), stop_token_ids=(tok.im_end_id,),
             seed=turn_seed(ep.spec.seed, turn), state=state)
@@ -285,7 +377,8 @@ async def _loop(env: tool_env.ToolEnv, policy: policy_lib.Policy, ep: _Episode, 
             return env.terminate(state, core.CONTEXT_EXCEEDED)
         ep.seq.append(segment, prepared)
         ep.num_messages += 1
-        new_images = prepared
+        ep.new_images = prepared
+    ep.next_turn = env.config.max_turns + 2
     ep.error = f"the episode did not end within {env.config.max_turns + 2} turns"
     return env.terminate(state, core.ERROR)
 
@@ -329,7 +422,7 @@ def _record(ep: _Episode, policy: policy_lib.Policy, state: tool_env.EnvState, s
         "policy": policy.name, "token_exact": policy.token_exact,
         "rl_trainable": bool(policy.token_exact and policy.has_logprobs), "seed": ep.spec.seed, "rid": ep.spec.rid,
         "sample_from_turn": ep.spec.sample_from_turn, "sample_turns": ep.spec.sample_turns,
-        "greedy_member": ep.spec.greedy,
+        "greedy_member": ep.spec.greedy, "forked_from": ep.forked_from,
         "num_turns": state.num_turns, "num_tool_calls": state.num_tool_calls, "turns": ep.turns,
         "policy_versions": ep.versions, "weight_versions": ep.weight_versions, "error": ep.error,
         "max_context_tokens": ep.config.max_context_tokens,

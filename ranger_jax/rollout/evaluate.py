@@ -157,8 +157,8 @@ def evaluate_checkpoint(world_dir: str | os.PathLike, checkpoint: str | os.PathL
                         blank_observations: bool = False, trajectories_out: str | os.PathLike | None = None,
                         sampling: policy_lib.SamplingParams = GREEDY, samples_per_task: int = 1,
                         branch_turns: tuple[int, ...] = (0,), sample_turns: int | None = None, seed: int = 0,
-                        chunk_tokens: int | None = sampler_policy.DEFAULT_CHUNK_TOKENS, progress: bool = False,
-                        **env_options: Any) -> dict[str, Any]:
+                        chunk_tokens: int | None = sampler_policy.DEFAULT_CHUNK_TOKENS, share_trunk: bool = True,
+                        progress: bool = False, **env_options: Any) -> dict[str, Any]:
     """Runs a checkpoint on the world's tasks, greedily unless `sampling` says otherwise (module docstring);
     returns the summary and one row per episode.
 
@@ -185,6 +185,8 @@ def evaluate_checkpoint(world_dir: str | os.PathLike, checkpoint: str | os.PathL
             actor run with that seed and no rounds).
         chunk_tokens: tokens a row decodes per sampler call (`SamplerPolicy`'s continuous batching; None: whole
             turns per call). The results do not depend on it, only the time.
+        share_trunk: a task's samples play their greedy turns before the branching turn once and fork from there
+            (`runner.RolloutConfig.share_trunk`); like `chunk_tokens`, it changes the time, not the episodes.
         progress: show a tqdm bar with the running search score.
         **env_options: passed to `env.make`, over everything else.
 
@@ -213,7 +215,7 @@ def evaluate_checkpoint(world_dir: str | os.PathLike, checkpoint: str | os.PathL
     budgets.update({k: v for k, v in (("max_new_tokens", max_new_tokens),
                                       ("max_context_tokens", max_context_tokens)) if v is not None})
     config = runner.RolloutConfig(group_size=samples_per_task, concurrency=concurrency, seed=seed, run_id="eval",
-                                  branch_turns=tuple(branch_turns), sample_turns=sample_turns,
+                                  branch_turns=tuple(branch_turns), sample_turns=sample_turns, share_trunk=share_trunk,
                                   episode=episode_lib.EpisodeConfig(sampling=sampling, vision=vision,
                                                                     blank_observations=blank_observations,
                                                                     **budgets))

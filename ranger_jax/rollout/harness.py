@@ -12,6 +12,7 @@ SFT-style distillation, but NOT the model's own tokens (`token_exact = False`), 
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -121,6 +122,13 @@ class HarnessPolicy:
             return policy_lib.Generation(token_ids=generation.token_ids[:-1], logprobs=generation.logprobs[:-1],
                                          finish_reason="length", info=generation.info)
         return generation
+
+    async def fork(self, rid: str, into: Sequence[str]) -> None:
+        """Each of `into` starts with a copy of `rid`'s chat history."""
+        history = self._histories.get(rid)
+        for other in into:
+            if history is not None:
+                self._histories[other] = copy.deepcopy(history)
 
     async def release(self, rid: str) -> None:
         """Forgets the episode's chat history."""

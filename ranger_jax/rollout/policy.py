@@ -3,7 +3,8 @@
 Every backend is multi-turn aware and keyed by the episode's `rid`: the loop sends the WHOLE token sequence so
 far (already processor-expanded: each image is its `<|image_pad|>` run) plus the images whose placeholders
 were appended since that episode's previous turn, and calls `release(rid)` when the episode ends. A backend
-keeps whatever per-episode state it needs (a KV cache, the cumulative image list, a chat history).
+keeps whatever per-episode state it needs (a KV cache, the cumulative image list, a chat history), and
+`fork(rid, into)` copies it, so the samples of a group can share the greedy turns they have in common.
 
 Backends: `sampler_policy.SamplerPolicy` (in-process JAX sampler), `sglang_policy.SGLangPolicy` (SGLang
 `/generate`), `harness.HarnessPolicy` (OpenAI-compatible chat with tool calling; not token-exact) and
@@ -13,7 +14,7 @@ Backends: `sampler_policy.SamplerPolicy` (in-process JAX sampler), `sglang_polic
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -152,6 +153,10 @@ class Policy(Protocol):
     async def generate(self, request: TurnRequest) -> Generation:
         """The next assistant turn of the episode `request.rid`."""
 
+    async def fork(self, rid: str, into: Sequence[str]) -> None:
+        """Episodes `into` (new rids) continue episode `rid`'s history so far, each on its own from there: their
+        next turn sends only what is new since `rid`'s last turn (`episode.run_shared_trunk`)."""
+
     async def release(self, rid: str) -> None:
         """Frees what the backend holds for episode `rid` once it has ended."""
 
@@ -198,6 +203,9 @@ class ScriptedPolicy:
         text = self.agent.act(request.state)
         return text_generation(self.tokenizer, text, max_new_tokens=request.max_new_tokens,
                                policy_version=self.policy_version)
+
+    async def fork(self, rid: str, into: Sequence[str]) -> None:
+        """Scripted agents keep no per-episode state: the forked episodes' states say everything."""
 
     async def release(self, rid: str) -> None:
         """Scripted agents keep no per-episode state."""

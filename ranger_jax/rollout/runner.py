@@ -48,6 +48,10 @@ class RolloutConfig:
     # the first member of each group plays its sampled turns greedily (`EpisodeSpec.greedy`), still trained: its
     # advantage says whether the policy's mode (what a greedy evaluation plays) beats the group's samples
     greedy_member: bool = False
+    # a group branching at turn b >= 1 plays its greedy turns 0..b-1 once and forks its samples from there
+    # (`episode.run_shared_trunk`, `Policy.fork`): the same episodes for less work. Needs concurrency >= group_size
+    # (its samples then hold their rows together) and a backend with `fork`; otherwise every sample plays them.
+    share_trunk: bool = True
 
     def __post_init__(self):
         for name in ("group_size", "concurrency"):
@@ -60,6 +64,8 @@ class RolloutConfig:
             raise ValueError(f"RolloutConfig.run_id must be non-empty without '/'; got {self.run_id!r}")
         object.__setattr__(self, "branch_turns", checked_branch_turns(self.branch_turns, "RolloutConfig"))
         check_sample_turns(self.sample_turns, "RolloutConfig")
+        if not isinstance(self.share_trunk, bool):
+            raise ValueError(f"RolloutConfig.share_trunk must be a bool; got {self.share_trunk!r}")
         if not isinstance(self.greedy_member, bool):
             raise ValueError(f"RolloutConfig.greedy_member must be a bool; got {self.greedy_member!r}")
         if self.greedy_member and self.group_size < 2:
@@ -141,10 +147,16 @@ async def agroups(env: tool_env.ToolEnv, policy: policy_lib.Policy, tasks: Itera
 
     Episodes are started in task order and share `cache` (None: a new one for this run). An exception from an
     episode (a bug or a scorer that cannot score the task; policy failures are recorded on the trajectory
-    instead) cancels the rest and propagates.
+    instead) cancels the rest and propagates. Groups that branch after turn 0 share their greedy turns when
+    `config.share_trunk` allows (`shares_trunks`).
     """
     cache = cache if cache is not None else episode_lib.EpisodeCache()
-    specs = ((index, task, k) for index, task in enumerate(tasks) for k in range(config.group_size))
+    if shares_trunks(config, policy):
+        async for group in _shared_trunk_groups(env, policy, tasks, renderer=renderer, config=config, scorer=scorer,
+                                                cache=cache):
+            yield group
+        return
+    specs = ((index, task, spec) for index, task in enumerate(tasks) for spec in _episode_specs(config, index, task))
     running: dict[asyncio.Task, tuple[int, core.Task]] = {}
     done_by_group: dict[int, list[trajectory.Trajectory]] = {}
 
@@ -152,12 +164,7 @@ async def agroups(env: tool_env.ToolEnv, policy: policy_lib.Policy, tasks: Itera
         spec = next(specs, None)
         if spec is None:
             return False
-        index, task, k = spec
-        episode = episode_lib.EpisodeSpec(task=task, group_id=group_id(config.run_id, index, task), sample_index=k,
-                                          seed=episode_seed(config.seed, index, k),
-                                          sample_from_turn=branch_turn(config, index),
-                                          sample_turns=config.sample_turns,
-                                          greedy=config.greedy_member and k == 0)
+        index, task, episode = spec
         coroutine = episode_lib.run_episode(env, policy, episode, renderer=renderer, config=config.episode,
                                             scorer=scorer, cache=cache)
         running[asyncio.ensure_future(coroutine)] = (index, task)
@@ -176,6 +183,95 @@ async def agroups(env: tool_env.ToolEnv, policy: policy_lib.Policy, tasks: Itera
                     yield Group(group_id=samples[0].group_id, task_id=task.id, trajectories=tuple(samples))
             while len(running) < config.concurrency and start_next():
                 pass
+    finally:
+        for future in running:
+            future.cancel()
+        if running:
+            await asyncio.gather(*running, return_exceptions=True)
+
+
+def shares_trunks(config: RolloutConfig, policy: policy_lib.Policy) -> bool:
+    """Whether `agroups` plays a group's greedy turns once (`RolloutConfig.share_trunk`): groups of two or more that
+    fit the rows in flight together, and a backend that can fork an episode."""
+    return (config.share_trunk and 1 < config.group_size <= config.concurrency
+            and callable(getattr(policy, "fork", None)) and any(turn > 0 for turn in config.branch_turns))
+
+
+def _episode_specs(config: RolloutConfig, index: int, task: core.Task) -> list[episode_lib.EpisodeSpec]:
+    """The G episodes of group `index` (one task): their seeds, branching turn and sampled turns."""
+    branch = branch_turn(config, index)
+    return [episode_lib.EpisodeSpec(task=task, group_id=group_id(config.run_id, index, task), sample_index=k,
+                                    seed=episode_seed(config.seed, index, k), sample_from_turn=branch,
+                                    sample_turns=config.sample_turns, greedy=config.greedy_member and k == 0)
+            for k in range(config.group_size)]
+
+
+async def _shared_trunk_groups(env: tool_env.ToolEnv, policy: policy_lib.Policy, tasks: Iterable[core.Task], *,
+                               renderer: chat.ChatRenderer, config: RolloutConfig, scorer: episode_lib.Scorer | None,
+                               cache: episode_lib.EpisodeCache) -> AsyncIterator[Group]:
+    """`agroups` with a group as the unit of work: a group that branches at turn b >= 1 holds one row (episode in
+    flight) for its trunk and takes G - 1 more when it forks; one that branches at turn 0 takes G at once.
+
+    Rows are `config.concurrency`. A group starts only while G rows are free, so after any start G - 1 are left
+    for a fork; a fork that finds fewer waits for a finished group (which frees its G rows): some group can
+    always go on, so the run cannot deadlock.
+    """
+    size = config.group_size
+    free = config.concurrency
+    freed = asyncio.Condition()
+    pending = enumerate(tasks)
+    running: dict[asyncio.Task, tuple[int, core.Task]] = {}
+    held: dict[int, int] = {}  # group index -> rows it holds
+
+    def reserver(index: int):
+        async def reserve() -> None:
+            nonlocal free
+            async with freed:
+                await freed.wait_for(lambda: free >= size - 1)
+                free -= size - 1
+                held[index] += size - 1
+        return reserve
+
+    async def whole_group(specs: list[episode_lib.EpisodeSpec]) -> list[trajectory.Trajectory]:
+        return list(await asyncio.gather(*(episode_lib.run_episode(env, policy, spec, renderer=renderer,
+                                                                   config=config.episode, scorer=scorer, cache=cache)
+                                           for spec in specs)))
+
+    def start_next() -> bool:
+        nonlocal free
+        item = next(pending, None) if free >= size else None
+        if item is None:
+            return False
+        index, task = item
+        specs = _episode_specs(config, index, task)
+        if specs[0].sample_from_turn > 0:
+            held[index] = 1
+            coroutine = episode_lib.run_shared_trunk(env, policy, specs, renderer=renderer, config=config.episode,
+                                                     scorer=scorer, cache=cache, before_fork=reserver(index))
+        else:
+            held[index] = size
+            coroutine = whole_group(specs)
+        free -= held[index]
+        running[asyncio.ensure_future(coroutine)] = (index, task)
+        return True
+
+    try:
+        while start_next():
+            pass
+        while running:
+            finished, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+            groups = []
+            for future in finished:
+                index, task = running.pop(future)
+                samples = future.result()
+                free += held.pop(index)
+                groups.append(Group(group_id=samples[0].group_id, task_id=task.id, trajectories=tuple(samples)))
+            async with freed:
+                freed.notify_all()
+            while start_next():
+                pass
+            for group in groups:
+                yield group
     finally:
         for future in running:
             future.cancel()

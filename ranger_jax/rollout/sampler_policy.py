@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -148,6 +149,7 @@ class SamplerPolicy:
         self._pending: list[_Pending] = []
         self._batch: list[_Pending] = []  # the turns of the sampler call running now
         self._continuing: list[_Pending] = []  # turns that carry on in the next call
+        self._forks: list[tuple[int, list[int], asyncio.Future]] = []  # (source row, new rows, done) to copy
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop the two primitives below belong to
         self._row_freed: asyncio.Condition | None = None
         self._arrived: asyncio.Event | None = None  # set when a turn is queued or a row released
@@ -201,6 +203,35 @@ class SamplerPolicy:
                                      finish_reason=completion.finish_reason, policy_version=self.policy_version,
                                      info={"batch_size": batch_size}, drawn=completion.drawn)
 
+    async def fork(self, rid: str, into: Sequence[str]) -> None:
+        """Episodes `into` continue episode `rid`: each gets a row holding a copy of its row (KV cache, positions,
+        last logits; `Sampler.fork_rows`), made on the worker thread before the next batch, so their next turn
+        appends only what is new.
+
+        Raises:
+            ValueError: `rid` holds no row (it has not played a turn), or one of `into` already holds one.
+        """
+        if rid not in self._rows:
+            raise ValueError(f"episode {rid} holds no sampler row to fork (fork after its first turn)")
+        into = list(into)
+        taken = [other for other in into if other in self._rows or other == rid]
+        if taken or len(set(into)) != len(into):
+            raise ValueError(f"cannot fork episode {rid} into {into}: {taken or 'repeated rids'} already hold rows")
+        if not into:
+            return
+        rows = [await self._row(other) for other in into]
+        future = asyncio.get_running_loop().create_future()
+        self._forks.append((self._rows[rid], rows, future))
+        self._signal()
+        if self._driver is None or self._driver.done():
+            self._driver = asyncio.ensure_future(self._drive())
+        try:
+            await future
+        except BaseException:
+            for other in into:  # the copies never happened: the rows go back
+                await self.release(other)
+            raise
+
     def _signal(self) -> None:
         if self._arrived is not None and self._loop is asyncio.get_running_loop():
             self._arrived.set()
@@ -209,7 +240,7 @@ class SamplerPolicy:
         """Waits (at most `batch_wait_s`) until every row held by an episode has a turn queued or carrying on."""
         self._bind_loop()
         deadline = self._loop.time() + self.batch_wait_s
-        while len({item.row for item in self._pending + self._continuing}) < len(self._rows):
+        while len({item.row for item in self._pending + self._continuing}) < len(self._rows) and not self._forks:
             remaining = deadline - self._loop.time()
             if remaining <= 0:
                 return
@@ -225,18 +256,24 @@ class SamplerPolicy:
         try:
             await self._drive_batches()
         except BaseException as err:
-            waiting = self._batch + self._continuing + self._pending
-            self._pending, self._batch, self._continuing = [], [], []
-            for item in waiting:
-                if not item.future.done():
-                    item.future.set_exception(err if isinstance(err, Exception) else
-                                              RuntimeError(f"sampler driver stopped: {err!r}"))
+            waiting = [item.future for item in self._batch + self._continuing + self._pending]
+            waiting += [future for _, _, future in self._forks]
+            self._pending, self._batch, self._continuing, self._forks = [], [], [], []
+            for future in waiting:
+                if not future.done():
+                    future.set_exception(err if isinstance(err, Exception) else
+                                         RuntimeError(f"sampler driver stopped: {err!r}"))
             raise
 
     async def _drive_batches(self) -> None:
-        while self._pending or self._continuing:
+        while self._pending or self._continuing or self._forks:
+            if self._forks:
+                await self._run_forks()
+                continue
             if self.batch_wait_s > 0:
                 await self._await_stragglers()
+                if self._forks:
+                    continue
             for item in self._pending:
                 item.batch_size = len(self._pending) + len(self._continuing)
             self._batch, self._pending, self._continuing = self._continuing + self._pending, [], []
@@ -258,6 +295,30 @@ class SamplerPolicy:
                     item.future.set_result((item.completion(), item.batch_size))
                 else:
                     self._continuing.append(item)
+
+    async def _run_forks(self) -> None:
+        """Copies the queued forks' rows on the worker thread (reused rows emptied first); each fork learns the
+        outcome."""
+        forks, self._forks = self._forks, []
+        dirty, self._dirty = sorted(self._dirty), set()
+
+        def copy_rows() -> None:
+            if dirty:
+                self.session.reset_rows(dirty)
+            for source, rows, _ in forks:
+                self.sampler.fork_rows(self.session, source, rows)
+
+        try:
+            await asyncio.to_thread(copy_rows)
+        except Exception as err:  # noqa: BLE001 — every waiting fork learns why
+            self._dirty.update(dirty)
+            for _, _, future in forks:
+                if not future.done():
+                    future.set_exception(err)
+            return
+        for _, _, future in forks:
+            if not future.done():
+                future.set_result(None)
 
     def _run_batch(self, batch: list[_Pending], dirty: list[int]) -> list[Any]:
         """On the worker thread: empties reused rows, appends each new turn's segment, generates for all (a turn

@@ -269,6 +269,13 @@ class TokenSequence:
         self._mask.extend([0] * len(segment))
         self._logprobs.extend([0.0] * len(segment))
 
+    def copy(self) -> TokenSequence:
+        """An independent copy of the sequence so far (an episode forked from another goes on with it)."""
+        twin = TokenSequence(image_pad_id=self.image_pad_id, merge_size=self.merge_size)
+        twin._ids, twin._mask, twin._logprobs = list(self._ids), list(self._mask), list(self._logprobs)
+        twin.images, twin.prepared = list(self.images), list(self.prepared)
+        return twin
+
     def append_generated(self, token_ids: np.ndarray, logprobs: np.ndarray, *,
                          trained: bool | np.ndarray = True) -> None:
         """Appends sampled ids with loss mask 1 and their sampler log-probs (`trained=False`: the policy's ids as

@@ -20,6 +20,7 @@ import asyncio
 import base64
 import logging
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from ranger_jax.clients import http, sglang, sglang_mm
@@ -121,6 +122,12 @@ class SGLangPolicy:
                                      finish_reason=result.finish_reason,
                                      policy_version=version_number(result.weight_version, self.policy_version),
                                      weight_version=result.weight_version, info=info)
+
+    async def fork(self, rid: str, into: Sequence[str]) -> None:
+        """Each of `into` starts with `rid`'s image list (the server's prefix cache shares their common tokens)."""
+        images = self._images.get(rid, [])
+        for other in into:
+            self._images[other] = list(images)
 
     async def release(self, rid: str) -> None:
         """Forgets the episode's image list."""

@@ -36,7 +36,8 @@ def sharding(mesh: jax.sharding.Mesh | None, names: tuple[str, ...], shape: tupl
     return NamedSharding(mesh, spec)
 
 
-def _place(value, mesh, names):
+def place(value, mesh, names):
+    """`value` on `mesh` with the SAMPLE-rules sharding of logical `names` (a plain device array without a mesh)."""
     target = sharding(mesh, names, value.shape)
     return jax.device_put(value, target) if target is not None else jnp.asarray(value)
 
@@ -98,8 +99,8 @@ class Session:
             self.token_ids[row] = []
             self.image_grid_thw[row] = []
         index = np.asarray(rows, np.int32)
-        self.lengths = _place(self.lengths.at[index].set(0), self.mesh, ROW_AXES)
-        self.next_positions = _place(self.next_positions.at[index].set(0), self.mesh, ROW_AXES)
+        self.lengths = place(self.lengths.at[index].set(0), self.mesh, ROW_AXES)
+        self.next_positions = place(self.next_positions.at[index].set(0), self.mesh, ROW_AXES)
 
 
 def new_session(config: config_lib.Qwen3VLConfig, num_rows: int, *, batch_size: int, capacity: int,
@@ -115,9 +116,9 @@ def new_session(config: config_lib.Qwen3VLConfig, num_rows: int, *, batch_size: 
     caches = tuple(text.KVCache(key=zeros(), value=zeros()) for _ in range(t.num_hidden_layers))
     return Session(
         caches=caches,
-        lengths=_place(np.zeros(batch_size, np.int32), mesh, ROW_AXES),
-        next_positions=_place(np.zeros(batch_size, np.int32), mesh, ROW_AXES),
-        last_logits=_place(np.zeros((batch_size, t.vocab_size), np.float32), mesh, LOGITS_AXES),
+        lengths=place(np.zeros(batch_size, np.int32), mesh, ROW_AXES),
+        next_positions=place(np.zeros(batch_size, np.int32), mesh, ROW_AXES),
+        last_logits=place(np.zeros((batch_size, t.vocab_size), np.float32), mesh, LOGITS_AXES),
         num_rows=num_rows,
         token_ids=[[] for _ in range(num_rows)],
         image_grid_thw=[[] for _ in range(num_rows)],

@@ -30,6 +30,7 @@ import numpy as np
 from flax import nnx
 
 from ranger_jax.models.qwen3_vl import model as model_lib
+from ranger_jax.models.qwen3_vl import text
 from ranger_jax.sampling import buckets as buckets_lib
 from ranger_jax.sampling import cache as cache_lib
 from ranger_jax.sampling import steps
@@ -137,6 +138,7 @@ class Sampler:
         self._encode = jax.jit(self._encode_images)
         self._append = jax.jit(self._append_tokens, donate_argnums=(1,))
         self._decode = jax.jit(self._decode_tokens, static_argnames=("num_steps",), donate_argnums=(1,))
+        self._gather = jax.jit(self._gather_rows, donate_argnums=(0,))
 
     # ----- bookkeeping ---------------------------------------------------------------------------------------------
 
@@ -147,8 +149,8 @@ class Sampler:
 
     @property
     def compilations(self) -> dict[str, int]:
-        """Compilations per function: {"encode_images": n, "append": n, "decode": n}."""
-        return {name: self._traces[name] for name in ("encode_images", "append", "decode")}
+        """Compilations per function: {"encode_images": n, "append": n, "decode": n, "fork_rows": n}."""
+        return {name: self._traces[name] for name in ("encode_images", "append", "decode", "fork_rows")}
 
     def update_weights(self, model: model_lib.Qwen3VL) -> None:
         """Swaps in new parameters of the same architecture (no recompilation); sessions stay valid only as caches
@@ -189,6 +191,12 @@ class Sampler:
     def _decode_tokens(self, state, caches, *rows, num_steps):
         self._count("decode", (caches[0].key.shape[0], caches[0].key.shape[2]), num_steps)
         return steps.decode(self._model(state), caches, *rows, num_steps=num_steps)
+
+    def _gather_rows(self, rows_state, source):
+        self._count("fork_rows", rows_state[1].shape, rows_state[0][0].key.shape[2])
+        caches, lengths, next_positions, last_logits = rows_state
+        caches = steps.pin_caches(tuple(text.KVCache(key=c.key[source], value=c.value[source]) for c in caches))
+        return caches, lengths[source], next_positions[source], last_logits[source]
 
     # ----- sessions -------------------------------------------------------------------------------------------------
 
@@ -262,6 +270,34 @@ class Sampler:
         for row, segment in with_images:
             session.image_grid_thw[row].extend(tuple(int(x) for x in g)
                                                for g in np.asarray(segment.image_grid_thw).reshape(-1, 3))
+
+    def fork_rows(self, session: cache_lib.Session, source: int, targets: Sequence[int]) -> None:
+        """Copies row `source` (its cache, positions, last logits, tokens and images) into each of `targets`, so
+        they continue the same conversation: forking a conversation costs one gather, not a re-run of its tokens.
+
+        Raises:
+            ValueError: a row outside the session, or `source` among `targets`.
+        """
+        targets = [int(t) for t in targets]
+        for row in (source, *targets):
+            if not 0 <= row < session.num_rows:
+                raise ValueError(f"row {row} is outside the session's rows [0, {session.num_rows})")
+        if source in targets:
+            raise ValueError(f"row {source} cannot be forked into itself")
+        if not targets:
+            return
+        gather = np.arange(session.batch_size, dtype=np.int32)
+        gather[targets] = source
+        with self._mesh_context():
+            state = self._gather((session.caches, session.lengths, session.next_positions, session.last_logits),
+                                 gather)
+        session.caches, session.lengths, session.next_positions, session.last_logits = state
+        session.lengths = cache_lib.place(session.lengths, session.mesh, cache_lib.ROW_AXES)
+        session.next_positions = cache_lib.place(session.next_positions, session.mesh, cache_lib.ROW_AXES)
+        session.last_logits = cache_lib.place(session.last_logits, session.mesh, cache_lib.LOGITS_AXES)
+        for row in targets:
+            session.token_ids[row] = list(session.token_ids[source])
+            session.image_grid_thw[row] = list(session.image_grid_thw[source])
 
     def generate(self, session: cache_lib.Session,
                  params: SamplingParams | Sequence[SamplingParams | None]) -> list[Completion | None]:

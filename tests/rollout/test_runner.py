@@ -69,6 +69,68 @@ def test_groups_are_emitted_complete_as_soon_as_they_finish(sim_env, tasks, the_
         sorted(t.metadata["seed"] for g, _ in seen for t in g.trajectories)
 
 
+class ForkingExpert:
+    """The expert as a backend that can fork: counts its turns and the episodes it holds at once."""
+
+    name, token_exact, has_logprobs = "forking", True, False
+
+    def __init__(self, inner):
+        self.inner, self.turns, self.live, self.max_live, self.forks = inner, [], set(), 0, []
+
+    def _hold(self, *rids):
+        self.live.update(rids)
+        self.max_live = max(self.max_live, len(self.live))
+
+    async def generate(self, request):
+        self._hold(request.rid)
+        self.turns.append((request.rid, request.turn))
+        await asyncio.sleep(0.001 * (hash(request.rid) % 3))
+        return await self.inner.generate(request)
+
+    async def fork(self, rid, into):
+        assert rid in self.live and not set(into) & self.live
+        self.forks.append((rid, tuple(into)))
+        self._hold(*into)
+
+    async def release(self, rid):
+        self.live.discard(rid)
+
+    async def aclose(self):
+        pass
+
+
+@pytest.mark.parametrize("concurrency", [3, 4, 7])
+def test_shared_trunks_play_greedy_turns_once_within_the_rows(sim_env, tasks, the_world, qwen_renderer, concurrency):
+    """Groups branching after turn 0 play their greedy turns once and fork (`share_trunk`): the same episodes as
+    independent samples, fewer turns, never more episodes held than `concurrency`, groups of every kind done."""
+    expert = policy.ScriptedPolicy(savanna.make_policy("expert", the_world), qwen_renderer.tokenizer)
+    runs = {}
+    for share in (False, True):
+        pol = ForkingExpert(expert)
+        config = runner.RolloutConfig(group_size=3, concurrency=concurrency, seed=4, run_id="trunk", episode=CONFIG,
+                                      branch_turns=(0, 1, 2, 9), share_trunk=share)
+        assert runner.shares_trunks(config, pol) is share
+        groups = sorted(runner.run(sim_env, pol, (list(tasks) * 3)[:10], renderer=qwen_renderer, config=config),
+                        key=lambda g: g.group_id)
+        runs[share] = groups, pol
+    (alone, alone_pol), (shared, shared_pol) = runs[False], runs[True]
+    assert shared_pol.max_live <= concurrency and not shared_pol.live and not alone_pol.forks
+    assert [g.group_id for g in shared] == [g.group_id for g in alone] and len(shared) == 10
+    branches = [g.trajectories[0].metadata["sample_from_turn"] for g in shared]
+    assert {0, 1, 2, 9} <= set(branches)  # every kind of group: whole episodes, trunks, ended before branching
+    for a, b, branch in zip(alone, shared, branches):
+        for x, y in zip(a.trajectories, b.trajectories, strict=True):
+            assert x.token_ids.tolist() == y.token_ids.tolist() and x.loss_mask.tolist() == y.loss_mask.tolist()
+            assert (x.reward, x.termination, x.metadata["rid"]) == (y.reward, y.termination, y.metadata["rid"])
+            assert x.metadata["forked_from"] is None
+            trunk = branch > 0 and y.sample_index > 0
+            assert y.metadata["forked_from"] == (b.trajectories[0].metadata["rid"] if trunk else None)
+        turns = len(a.trajectories[0].metadata["turns"])
+        played = sum(1 for rid, _ in shared_pol.turns if rid.startswith(b.group_id + "/"))
+        assert played == (3 * turns if branch == 0 else min(branch, turns) + 3 * max(turns - branch, 0))
+    assert sum(1 for branch in branches if 0 < branch < 4) == len(shared_pol.forks)
+
+
 def test_seeds_and_config_errors():
     seeds = {runner.episode_seed(0, g, k) for g in range(20) for k in range(6)}
     assert len(seeds) == 120 and runner.episode_seed(3, 1, 2) == runner.episode_seed(3, 1, 2)

@@ -208,6 +208,52 @@ def test_a_group_shares_its_greedy_turns_before_its_branching_turn(tiny_env, tin
     assert len({tuple(np.asarray(t.token_ids)) for t in group.trajectories}) > 1  # the samples differ after it
 
 
+def test_forked_rows_give_the_episodes_of_independent_samples(tiny_env, tiny_sampler, tiny_renderer, tiny_config,
+                                                              tasks, scorer):
+    """With `share_trunk` a group's greedy turns run once and its samples fork the KV row: the trajectories (ids,
+    masks, log-probs, rewards) are those of samples that each played every turn, in fewer sampler rows."""
+    sampling = policy.SamplingParams(temperature=1.0, draw_below=0.9, max_draws=2)
+    runs = {}
+    for share in (False, True):
+        pol = sampler_policy.SamplerPolicy(tiny_sampler, num_rows=4, capacity=CAPACITY)
+        config = runner.RolloutConfig(group_size=3, concurrency=4, seed=8, run_id="fork", branch_turns=(1, 2),
+                                      sample_turns=1, share_trunk=share,
+                                      episode=dataclasses.replace(tiny_config(), sampling=sampling))
+        groups = runner.run(tiny_env, pol, tasks[:3], renderer=tiny_renderer, config=config, scorer=scorer)
+        runs[share] = sorted(groups, key=lambda g: g.group_id), pol
+    (alone, _), (shared, pol) = runs[False], runs[True]
+    assert not pol._rows and sorted(pol._free) == [0, 1, 2, 3]  # every row back
+    forked = 0
+    for a, b in zip(alone, shared, strict=True):
+        for x, y in zip(a.trajectories, b.trajectories, strict=True):
+            np.testing.assert_array_equal(x.token_ids, y.token_ids)
+            np.testing.assert_array_equal(x.loss_mask, y.loss_mask)
+            np.testing.assert_allclose(x.sampler_logprobs, y.sampler_logprobs, atol=1e-5)
+            assert (x.reward, x.termination) == (y.reward, y.termination)
+            forked += y.metadata["forked_from"] is not None
+    assert forked > 0
+
+
+def test_fork_errors_name_the_episode(tiny_sampler):
+    pol = sampler_policy.SamplerPolicy(tiny_sampler, num_rows=2, capacity=CAPACITY)
+
+    async def go():
+        with pytest.raises(ValueError, match="episode g/0 holds no sampler row to fork"):
+            await pol.fork("g/0", ["g/1"])
+        request = policy.TurnRequest(rid="g/0", turn=0, prompt_ids=np.arange(20, 30, dtype=np.int32),
+                                     new_images=(), sampling=episode.GREEDY, max_new_tokens=3, stop_token_ids=(),
+                                     seed=1, state=None)
+        await pol.generate(request)
+        with pytest.raises(ValueError, match=r"cannot fork episode g/0 into \['g/0'\]"):
+            await pol.fork("g/0", ["g/0"])
+        await pol.fork("g/0", ["g/1"])
+        assert pol.session.token_ids[pol._rows["g/1"]] == pol.session.token_ids[pol._rows["g/0"]]
+        for rid in ("g/0", "g/1"):
+            await pol.release(rid)
+
+    asyncio.run(go())
+
+
 def test_sample_turns_samples_only_that_many_turns_from_the_branch(tiny_env, tiny_sampler, tiny_renderer, tiny_config,
                                                                     tasks, scorer):
     pol = sampler_policy.SamplerPolicy(tiny_sampler, num_rows=3, capacity=CAPACITY)

@@ -178,6 +178,38 @@ def test_reset_rows_frees_a_row_for_a_new_conversation(tiny):
     np.testing.assert_allclose(again.logprobs, fresh.logprobs, atol=1e-5)
 
 
+def test_forked_rows_continue_the_source_conversation_exactly(tiny, to_segments):
+    """`fork_rows`: rows forked from a conversation holding an image continue it as the source does (tokens,
+    log-probs, rope deltas), each on its own from there; the other rows are untouched; bad rows are named."""
+    sampler, config = tiny.sampler, tiny.config
+    [source_prompt, other_prompt] = to_segments(tiny_hf.make_batch(config, [[2, (4, 6), 3], [5]], seed=31))
+    session = sampler.new_session(4)
+    sampler.append(session, [source_prompt, other_prompt, None, None])
+    sampler.generate(session, [SamplingParams(temperature=0.0, max_new_tokens=5), None, None, None])
+    other = (list(session.token_ids[1]), int(session.rope_deltas[1]))
+    sampler.fork_rows(session, 0, [2, 3])
+    assert session.token_ids[2] == session.token_ids[3] == session.token_ids[0]
+    assert session.image_grid_thw[2] == session.image_grid_thw[0] == [(1, 4, 6)]
+    assert session.rope_deltas[2] == session.rope_deltas[3] == session.rope_deltas[0] != 0
+    tail = Segment(np.arange(40, 47))
+    sampler.append(session, [tail, None, tail, tail])
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=8)
+    sampled = SamplingParams(temperature=1.0, seed=3, max_new_tokens=8)
+    [a, idle, b, c] = sampler.generate(session, [greedy, None, greedy, sampled])
+    np.testing.assert_array_equal(a.token_ids, b.token_ids)
+    np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+    assert idle is None and (list(session.token_ids[1]), int(session.rope_deltas[1])) == other
+    [alone] = sampler.complete([Segment(np.concatenate([np.asarray(session.token_ids[0][:-8 - 7]), tail.token_ids]),
+                                        source_prompt.pixel_values, source_prompt.image_grid_thw)], sampled)
+    np.testing.assert_array_equal(c.token_ids, alone.token_ids)  # the forked row samples as a fresh one would
+    np.testing.assert_allclose(c.logprobs, alone.logprobs, atol=1e-4)
+    assert sampler.compilations["fork_rows"] == 1
+    with pytest.raises(ValueError, match="row 4 is outside the session's rows"):
+        sampler.fork_rows(session, 0, [4])
+    with pytest.raises(ValueError, match="row 1 cannot be forked into itself"):
+        sampler.fork_rows(session, 1, [1, 2])
+
+
 def test_decision_sampling_draws_at_most_max_draws_uncertain_tokens(tiny):
     """`draw_below` / `max_draws`: a row draws only where its most likely token is below the threshold and at most
     `max_draws` times, then continues greedily; `Completion.drawn` says which tokens were drawn."""

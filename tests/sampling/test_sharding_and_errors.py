@@ -32,6 +32,13 @@ def test_sharded_sampler_matches_one_device(tiny, to_segments):
         np.testing.assert_array_equal(a.token_ids, b.token_ids, err_msg=f"row {row}")
         np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
         assert a.finish_reason == b.finish_reason
+    # a forked row keeps the cache's sharding and continues its source exactly
+    sharded.fork_rows(session, 0, [2])
+    for cache in session.caches:
+        assert cache.key.sharding.is_equivalent_to(expected, 4) and cache.value.sharding.is_equivalent_to(expected, 4)
+    again = sharded.generate(session, [params[0], None, params[0], None])
+    np.testing.assert_array_equal(again[0].token_ids, again[2].token_ids)
+    np.testing.assert_allclose(again[0].logprobs, again[2].logprobs, atol=1e-5)
 
 
 def test_errors_name_the_row_count_or_value(tiny):
