@@ -10,8 +10,8 @@ other turns greedy) twice: with every sample playing the greedy turns before the
 task's samples playing them once and forking the KV-cache row (`Sampler.fork_rows`). Prints episodes/s of both,
 the speed-up, and whether the per-task rewards agree (they should: a forked row continues exactly). Without
 `--policy` it builds a world and a random `Qwen3VLConfig.tiny()` checkpoint; the sim-tiny run's `sft_policy/` on
-its GRPO world is the realistic case. Each evaluation is timed on its second run (the first compiles into a
-persistent compilation cache).
+its GRPO world is the realistic case. Each evaluation is timed on its second run (the first, on 16 tasks, compiles
+into a persistent compilation cache).
 """
 
 from __future__ import annotations
@@ -32,12 +32,12 @@ DECISION_SAMPLING = policy.SamplingParams(temperature=1.0, draw_below=0.9, max_d
 
 def timed_evaluation(world: Path, checkpoint: Path, *, share_trunk: bool, limit: int | None, samples: int,
                      branch_turn: int, concurrency: int) -> dict:
-    """The sampled evaluation twice (the first compiles), the second timed."""
-    options = dict(concurrency=concurrency, limit=limit, sampling=DECISION_SAMPLING, samples_per_task=samples,
+    """The sampled evaluation twice, the second timed (the first, on the first 16 tasks, compiles)."""
+    options = dict(concurrency=concurrency, sampling=DECISION_SAMPLING, samples_per_task=samples,
                    branch_turns=(branch_turn,), sample_turns=1, seed=7, share_trunk=share_trunk)
-    evaluate.evaluate_checkpoint(world, checkpoint, **options)
+    evaluate.evaluate_checkpoint(world, checkpoint, limit=min(16, limit or 16), **options)
     started = time.perf_counter()
-    result = evaluate.evaluate_checkpoint(world, checkpoint, **options)
+    result = evaluate.evaluate_checkpoint(world, checkpoint, limit=limit, **options)
     seconds = time.perf_counter() - started
     episodes = result["num_tasks"] * samples
     return {"seconds": round(seconds, 2), "episodes_per_s": round(episodes / seconds, 3),

@@ -423,9 +423,18 @@ def export_policy(config: SimTinyConfig, model: Any, out: Path, tokenizer_dir: P
     """Writes a complete policy folder: HF checkpoint, tokenizer, and the settings it acts with (`ranger_env.json`:
     env, rewards, image bounds and token budgets, so `evals/savanna_sim.py` runs it exactly as trained)."""
     from ranger_jax.models import qwen3_vl
-    from ranger_jax.rollout import trained_env
 
     qwen3_vl.save(model, out)
+    write_policy_files(config, tokenizer_dir, env_file, out)
+    return out
+
+
+def write_policy_files(config: SimTinyConfig, tokenizer_dir: Path, env_file: Path, out: Path) -> Path:
+    """The files a policy folder holds besides its weights: the tokenizer, and `ranger_env.json` (env, rewards,
+    image bounds, token budgets) from the run's env file and config."""
+    from ranger_jax.rollout import trained_env
+
+    out.mkdir(parents=True, exist_ok=True)
     tokenizer_lib.copy_tokenizer_files(tokenizer_dir, out)
     settings = tomllib.loads(env_file.read_text("utf-8"))
     episode_config = rollout_config(config).episode
@@ -591,12 +600,14 @@ def run_grpo(config: SimTinyConfig, model: Any, tokenizer_dir: Path, env_file: P
     actor_metrics.parent.mkdir(parents=True, exist_ok=True)
     command = actor_command(config, env_file=env_file, grpo_world=grpo_world, weights_dir=weights_dir,
                             shards_dir=shards_dir, metrics_path=actor_metrics)
+    # every published version is a complete policy folder: tokenizer and the settings it acts with
+    policy_files = write_policy_files(config, tokenizer_dir, env_file, out / "checkpoints" / "policy_files")
     result = grpo_loop.run(
         learner, shards_dir=shards_dir, weights_dir=weights_dir,
         spec=grpo_batch_spec(config, tokenizer),
         config=grpo_loop.GrpoLoopConfig(num_steps=config.grpo_steps, max_staleness=config.max_staleness,
                                         advantages=config.advantages),
-        vision=tiny_policy.VISION, tokenizer_dir=tokenizer_dir, actor_commands=[command],
+        vision=tiny_policy.VISION, tokenizer_dir=policy_files, actor_commands=[command],
         filter_config=filters.FilterConfig(trim_untrained_tail=True), actor_metrics={"actor0": actor_metrics},
         actor_env=actor_env, metrics=metrics, progress=config.progress, augment=augment)
     return learner, result

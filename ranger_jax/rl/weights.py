@@ -47,6 +47,8 @@ LATEST_FILE = "latest"
 DEFAULT_KEEP = 3  # versions kept: the newest, plus slack for actors still loading an older one
 # Files of an HF model folder besides the weights that tokenizers and processors read.
 TOKENIZER_FILES = tokenizer_lib.TOKENIZER_FILES
+# the settings a policy acts with (`rollout.trained_env.FILE_NAME`): evaluations run a version as it was trained
+TRAINED_ENV_FILE = "ranger_env.json"
 _VERSION_NAME = re.compile(r"v(\d{6,})")
 CONFIG_FILE = "config.json"  # uploaded last: a version in a bucket is complete once it exists
 DEFAULT_CACHE = Path("~/.cache/ranger_jax/weights")
@@ -146,8 +148,9 @@ def publish(model: qwen3_vl.Qwen3VL, folder: str | os.PathLike, version: int, *,
         model: the policy to publish.
         folder: the weights folder (created), or a storage URL (see the module docstring).
         version: the new version, newer than the published latest (actors move forward only).
-        tokenizer_dir: a folder whose tokenizer and processor files (`TOKENIZER_FILES`) are copied alongside, so the
-            version is a complete checkpoint for actors and evals; None = weights only.
+        tokenizer_dir: a folder whose tokenizer and processor files (`TOKENIZER_FILES`), and `ranger_env.json` (the
+            env the policy acts in) if it has one, are copied alongside, so the version is a complete checkpoint for
+            actors and evals; None = weights only.
         keep: how many newest versions stay (older ones are deleted).
 
     Returns:
@@ -187,6 +190,13 @@ def publish(model: qwen3_vl.Qwen3VL, folder: str | os.PathLike, version: int, *,
     return target
 
 
+def _copy_policy_files(source_dir: str | os.PathLike, out_dir: str | os.PathLike) -> None:
+    """The tokenizer and processor files of `source_dir`, and its `ranger_env.json` if there, into `out_dir`."""
+    tokenizer_lib.copy_tokenizer_files(source_dir, out_dir)
+    if (Path(source_dir) / TRAINED_ENV_FILE).is_file():
+        shutil.copyfile(Path(source_dir) / TRAINED_ENV_FILE, Path(out_dir) / TRAINED_ENV_FILE)
+
+
 def _publish_local(model: qwen3_vl.Qwen3VL, folder: Path, version: int,
                    tokenizer_dir: str | os.PathLike | None) -> None:
     """Saves into a hidden temporary sibling and renames it to the version's folder (process 0 writes)."""
@@ -200,7 +210,7 @@ def _publish_local(model: qwen3_vl.Qwen3VL, folder: Path, version: int,
         if not writer:
             return
         if tokenizer_dir is not None:
-            tokenizer_lib.copy_tokenizer_files(tokenizer_dir, temp)
+            _copy_policy_files(tokenizer_dir, temp)
         os.rename(temp, target)  # the version appears complete or not at all
     except BaseException:
         if writer:
@@ -216,7 +226,7 @@ def _publish_remote(model: qwen3_vl.Qwen3VL, folder: str, version: int,
         if jax.process_index() != 0:
             return
         if tokenizer_dir is not None:
-            tokenizer_lib.copy_tokenizer_files(tokenizer_dir, temp)
+            _copy_policy_files(tokenizer_dir, temp)
         storage.upload_dir(temp, folder, version_name(version) + "/", last=(CONFIG_FILE,))
 
 

@@ -229,7 +229,8 @@ async def run_episode(env: tool_env.ToolEnv, policy: policy_lib.Policy, spec: Ep
 async def run_shared_trunk(env: tool_env.ToolEnv, policy: policy_lib.Policy, specs: Sequence[EpisodeSpec], *,
                            renderer: chat.ChatRenderer, config: EpisodeConfig, scorer: Scorer | None = None,
                            cache: EpisodeCache | None = None,
-                           before_fork: Callable[[], Awaitable[None]] | None = None) -> list[trajectory.Trajectory]:
+                           before_fork: Callable[[], Awaitable[None]] | None = None,
+                           on_release: Callable[[], None] | None = None) -> list[trajectory.Trajectory]:
     """The samples of one group, its greedy turns played once: what `run_episode` gives for each spec, cheaper.
 
     The turns before `sample_from_turn` are greedy and identical for every sample of a group, so they are played
@@ -241,6 +242,7 @@ async def run_shared_trunk(env: tool_env.ToolEnv, policy: policy_lib.Policy, spe
     Args:
         specs: the group's samples in order: one task and group id, one `sample_from_turn` >= 1.
         before_fork: awaited before the other samples come into being (a runner reserves their rows with it).
+        on_release: called after each episode of the group is released by the policy (its row is free again).
         env, policy, renderer, config, scorer, cache: as for `run_episode`.
 
     Raises:
@@ -271,7 +273,7 @@ async def run_shared_trunk(env: tool_env.ToolEnv, policy: policy_lib.Policy, spe
             forked = True
     finally:
         if not forked:
-            await policy.release(first.rid)
+            await _release(policy, first.rid, on_release)
     if not forked:  # the episode ended before its branching turn: one episode for every sample
         rollout_s = time.monotonic() - started
         score, reward_s = await _score(env, state, scorer)
@@ -285,12 +287,20 @@ async def run_shared_trunk(env: tool_env.ToolEnv, policy: policy_lib.Policy, spe
         try:
             end = await _loop(env, policy, ep, state)
         finally:
-            await policy.release(ep.spec.rid)
+            await _release(policy, ep.spec.rid, on_release)
         rollout_s = trunk_s + time.monotonic() - branch_started
         score, reward_s = await _score(env, end, scorer)
         return _record(ep, policy, end, score, rollout_s, reward_s)
 
     return list(await asyncio.gather(*(branch(ep) for ep in episodes)))
+
+
+async def _release(policy: policy_lib.Policy, rid: str, on_release: Callable[[], None] | None) -> None:
+    try:
+        await policy.release(rid)
+    finally:
+        if on_release is not None:
+            on_release()
 
 
 def _start(env: tool_env.ToolEnv, ep: _Episode) -> tool_env.EnvState:

@@ -12,6 +12,7 @@ advantages without waiting for the whole batch.
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
@@ -206,73 +207,113 @@ def _episode_specs(config: RolloutConfig, index: int, task: core.Task) -> list[e
             for k in range(config.group_size)]
 
 
+def max_shared_groups(concurrency: int, group_size: int) -> int:
+    """Groups in flight at once when they share trunks: about 2·rows / (G + 1), the count whose rows stay busy when
+    a trunk (one row) lasts about as long as its samples (G rows); at most rows - G + 1, so that even if every group
+    in flight holds one row waiting to fork, G - 1 rows are free for one of them (no deadlock)."""
+    return max(1, min(2 * concurrency // (group_size + 1), concurrency - group_size + 1))
+
+
+class _Rows:
+    """The rows (episodes in flight) of a shared-trunk run: a group starts holding one row (its trunk), or G when it
+    branches at turn 0; a fork takes G - 1 more, first come first served, before any new group starts; every
+    released episode gives its row back at once."""
+
+    def __init__(self, rows: int, group_size: int, max_groups: int):
+        self.free, self.size, self.max_groups = rows, group_size, max_groups
+        self.groups = 0
+        self.forks: collections.deque[asyncio.Future] = collections.deque()
+        self.changed = asyncio.Event()
+
+    def can_start(self, rows: int) -> bool:
+        return self.groups < self.max_groups and self.free >= rows and not self.forks
+
+    def start(self, rows: int) -> None:
+        self.free -= rows
+        self.groups += 1
+
+    async def reserve_fork(self) -> None:
+        if not self.forks and self.free >= self.size - 1:
+            self.free -= self.size - 1
+            return
+        future = asyncio.get_running_loop().create_future()
+        self.forks.append(future)
+        await future
+
+    def release(self) -> None:
+        self.free += 1
+        while self.forks and self.free >= self.size - 1:
+            future = self.forks.popleft()
+            if not future.done():
+                self.free -= self.size - 1
+                future.set_result(None)
+        self.changed.set()
+
+    def finish_group(self) -> None:
+        self.groups -= 1
+
+
 async def _shared_trunk_groups(env: tool_env.ToolEnv, policy: policy_lib.Policy, tasks: Iterable[core.Task], *,
                                renderer: chat.ChatRenderer, config: RolloutConfig, scorer: episode_lib.Scorer | None,
                                cache: episode_lib.EpisodeCache) -> AsyncIterator[Group]:
-    """`agroups` with a group as the unit of work: a group that branches at turn b >= 1 holds one row (episode in
-    flight) for its trunk and takes G - 1 more when it forks; one that branches at turn 0 takes G at once.
-
-    Rows are `config.concurrency`. A group starts only while G rows are free, so after any start G - 1 are left
-    for a fork; a fork that finds fewer waits for a finished group (which frees its G rows): some group can
-    always go on, so the run cannot deadlock.
-    """
+    """`agroups` with a group as the unit of work (`episode.run_shared_trunk`), `config.concurrency` rows shared
+    as `_Rows` says, at most `max_shared_groups` groups in flight: a trunk holds one row where G samples held G,
+    so more groups run at once in the same rows."""
     size = config.group_size
-    free = config.concurrency
-    freed = asyncio.Condition()
+    rows = _Rows(config.concurrency, size, max_shared_groups(config.concurrency, size))
     pending = enumerate(tasks)
+    next_item = next(pending, None)
     running: dict[asyncio.Task, tuple[int, core.Task]] = {}
-    held: dict[int, int] = {}  # group index -> rows it holds
-
-    def reserver(index: int):
-        async def reserve() -> None:
-            nonlocal free
-            async with freed:
-                await freed.wait_for(lambda: free >= size - 1)
-                free -= size - 1
-                held[index] += size - 1
-        return reserve
 
     async def whole_group(specs: list[episode_lib.EpisodeSpec]) -> list[trajectory.Trajectory]:
-        return list(await asyncio.gather(*(episode_lib.run_episode(env, policy, spec, renderer=renderer,
-                                                                   config=config.episode, scorer=scorer, cache=cache)
-                                           for spec in specs)))
+        async def one(spec):
+            try:
+                return await episode_lib.run_episode(env, policy, spec, renderer=renderer, config=config.episode,
+                                                     scorer=scorer, cache=cache)
+            finally:
+                rows.release()
+        return list(await asyncio.gather(*(one(spec) for spec in specs)))
 
-    def start_next() -> bool:
-        nonlocal free
-        item = next(pending, None) if free >= size else None
-        if item is None:
-            return False
-        index, task = item
-        specs = _episode_specs(config, index, task)
-        if specs[0].sample_from_turn > 0:
-            held[index] = 1
-            coroutine = episode_lib.run_shared_trunk(env, policy, specs, renderer=renderer, config=config.episode,
-                                                     scorer=scorer, cache=cache, before_fork=reserver(index))
-        else:
-            held[index] = size
-            coroutine = whole_group(specs)
-        free -= held[index]
-        running[asyncio.ensure_future(coroutine)] = (index, task)
-        return True
+    def start_groups() -> None:
+        nonlocal next_item
+        while next_item is not None:
+            index, task = next_item
+            specs = _episode_specs(config, index, task)
+            trunk = specs[0].sample_from_turn > 0
+            if not rows.can_start(1 if trunk else size):
+                return
+            rows.start(1 if trunk else size)
+            if trunk:
+                coroutine = episode_lib.run_shared_trunk(env, policy, specs, renderer=renderer,
+                                                         config=config.episode, scorer=scorer, cache=cache,
+                                                         before_fork=rows.reserve_fork, on_release=rows.release)
+            else:
+                coroutine = whole_group(specs)
+            running[asyncio.ensure_future(coroutine)] = (index, task)
+            next_item = next(pending, None)
 
+    waiter: asyncio.Task | None = None
     try:
-        while start_next():
-            pass
+        start_groups()
         while running:
-            finished, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+            rows.changed.clear()
+            waiter = asyncio.ensure_future(rows.changed.wait())
+            finished, _ = await asyncio.wait([*running, waiter], return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
             groups = []
             for future in finished:
+                if future is waiter:
+                    continue
                 index, task = running.pop(future)
                 samples = future.result()
-                free += held.pop(index)
+                rows.finish_group()
                 groups.append(Group(group_id=samples[0].group_id, task_id=task.id, trajectories=tuple(samples)))
-            async with freed:
-                freed.notify_all()
-            while start_next():
-                pass
+            start_groups()
             for group in groups:
                 yield group
     finally:
+        if waiter is not None:
+            waiter.cancel()
         for future in running:
             future.cancel()
         if running:

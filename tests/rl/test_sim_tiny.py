@@ -99,6 +99,9 @@ def test_grpo_ran_decoupled_with_versions_and_staleness(run):
         dataclasses.replace(MICRO, sample_turns=None)
     assert dataclasses.replace(MICRO, sample_turns=None, shared_prefix=False).sample_turns is None
     assert (out / "weights" / "latest").read_text().strip() == "2"
+    # every published version is a complete policy folder: evaluations run it with the settings it was trained in
+    assert (out / "weights" / "v000002" / "ranger_env.json").read_bytes() == \
+        (out / "policy" / "ranger_env.json").read_bytes()
     # the actor ran the two rounds the two steps took and stopped (`--max-rounds`), none sampled for nothing
     assert sorted({p.name.split("-")[1] for p in shards.list_shards(out / "grpo_shards")}) == ["r00000", "r00001"]
     assert len((out / "metrics" / "actor0.jsonl").read_text().splitlines()) == 2

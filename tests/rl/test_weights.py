@@ -47,6 +47,13 @@ def test_publish_latest_load_round_trip(tmp_path, model, tokenizer_dir):
     for key in want:
         np.testing.assert_array_equal(got[key], want[key], err_msg=key)
     assert weights.load_version(folder, 1, sharding_rules="train").config == CONFIG
+    # a folder that also holds the policy's settings (`ranger_env.json`) publishes them with every version
+    with_settings = tmp_path / "policy_files"
+    with_settings.mkdir()
+    (with_settings / "tokenizer.json").write_bytes((tokenizer_dir / "tokenizer.json").read_bytes())
+    (with_settings / "ranger_env.json").write_text('{"env": {"max_turns": 5}}')
+    path = weights.publish(model, folder, 2, tokenizer_dir=with_settings)
+    assert (path / "ranger_env.json").read_text() == '{"env": {"max_turns": 5}}'
 
 
 def test_keeps_the_newest_versions(tmp_path, model):

@@ -129,6 +129,9 @@ def test_shared_trunks_play_greedy_turns_once_within_the_rows(sim_env, tasks, th
         played = sum(1 for rid, _ in shared_pol.turns if rid.startswith(b.group_id + "/"))
         assert played == (3 * turns if branch == 0 else min(branch, turns) + 3 * max(turns - branch, 0))
     assert sum(1 for branch in branches if 0 < branch < 4) == len(shared_pol.forks)
+    # groups in flight: about 2·rows / (G + 1), never so many that waiting trunks could hold every row a fork needs
+    assert [runner.max_shared_groups(rows, 4) for rows in (4, 5, 8, 16, 32)] == [1, 2, 3, 6, 12]
+    assert runner.max_shared_groups(3, 3) == 1 and runner.max_shared_groups(64, 2) == 42
 
 
 def test_seeds_and_config_errors():
