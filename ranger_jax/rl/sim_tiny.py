@@ -108,14 +108,14 @@ class SimTinyConfig:
     # Rehearsing the random-token copy after every SFT step (off: measured not to help, ~35% more SFT time).
     copy_rehearsal: bool = False
     sft_augment: bool = True  # permute every content word through each SFT episode (data.augment.content_words)
-    # GRPO: 3 steps of 240 decision-sampled episodes (60 groups of 4), attention trained alone. Measured from the
+    # GRPO: 4 steps of 240 decision-sampled episodes (60 groups of 4), attention trained alone. Measured from the
     # SFT policies of seeds 0, 1, 2 (docs/sim_tiny.md, "Large steps of decision samples"): held-out greedy reward
-    # +0.036 (paired SE 0.023), +0.063 (0.041), +0.019 (0.018); a 4th step (`GRPO_SCHEDULES["four-steps"]`) gives
-    # +0.064 (0.027), +0.063, +0.019 but takes the whole run past 20 minutes on 2 cores (1,233 s on seed 2). A step
-    # of 240 such episodes is a quarter of the gradient's noise scale; the steps of 32 episodes before (6 of 4 groups
-    # of 8, every token of the sampled turn drawn, every parameter, lr 1e-4: `GRPO_SCHEDULES["small-steps"]`) gave
-    # -0.017 to -0.000
-    grpo_steps: int = 3
+    # +0.064 (paired SE 0.027), +0.063 (0.044), +0.019 (0.018); three steps (`GRPO_SCHEDULES["three-steps"]`, the
+    # default until a group's greedy turns were played once, `RolloutConfig.share_trunk`) +0.036, +0.063, +0.019.
+    # A step of 240 such episodes is a quarter of the gradient's noise scale; the steps of 32 episodes before (6 of 4
+    # groups of 8, every token of the sampled turn drawn, every parameter, lr 1e-4: `GRPO_SCHEDULES["small-steps"]`)
+    # gave -0.017 to -0.000
+    grpo_steps: int = 4
     grpo_tasks_per_step: int = 60
     group_size: int = 4
     # episodes the GRPO actor keeps in flight (its sampler's rows; the evaluations use as many): a step's
@@ -234,13 +234,14 @@ class SimTinyConfig:
 
 
 # Named GRPO settings (`recipes/grpo_savanna.py --grpo-schedule`), each measured from the SFT policies of seeds 0, 1,
-# 2 (held-out greedy reward difference, paired SE; docs/sim_tiny.md). "default": the config's defaults (3 steps of 240
-# decision-sampled episodes, attention alone): +0.036 (0.023), +0.063 (0.041), +0.019 (0.018).
+# 2 (held-out greedy reward difference, paired SE; docs/sim_tiny.md). "default": the config's defaults (4 steps of 240
+# decision-sampled episodes, attention alone): +0.064 (0.027), +0.063 (0.044), +0.019 (0.018).
 GRPO_SCHEDULES: dict[str, dict[str, Any]] = {
     "default": {},
-    # one step more: +0.064 (0.027), +0.063 (0.044), +0.019 (0.018); ~100-120 s more, over 20 minutes on seed 2
-    "four-steps": {"grpo_steps": 4},
-    # the default before: 6 steps of 4 groups of 8 over 80 tasks, every token of the sampled turn drawn, every
+    # one step fewer (the default before shared trunks made the actor 1.5x faster): +0.036 (0.023), +0.063 (0.041),
+    # +0.019 (0.018); ~90 s less
+    "three-steps": {"grpo_steps": 3},
+    # an earlier default: 6 steps of 4 groups of 8 over 80 tasks, every token of the sampled turn drawn, every
     # parameter trained at lr 1e-4: -0.009 (0.024), -0.000 (0.032), -0.017 (0.023); ~100-170 s of GRPO
     "small-steps": {"grpo_tasks": 80, "grpo_tasks_per_step": 4, "group_size": 8, "grpo_steps": 6,
                     "grpo_learning_rate": 1e-4, "draw_below": 1.0, "max_draws": 0, "grpo_frozen": ()},

@@ -174,7 +174,7 @@ def test_large_steps_run_through_the_actor_in_batches_of_its_concurrency(tmp_pat
     assert (config.draw_below, config.max_draws, config.grpo_frozen) == (1.0, 0, ())  # as measured: every token
     with pytest.raises(ValueError, match="actor_concurrency must be a positive int"):
         dataclasses.replace(config, actor_concurrency=0)
-    known = "default, four-steps, small-steps, large-batch, decision-batch"
+    known = "default, three-steps, small-steps, large-batch, decision-batch"
     with pytest.raises(ValueError, match=f"unknown GRPO schedule 'huge'; known: {known}"):
         sim_tiny.configure(grpo_schedule="huge")
 
@@ -183,11 +183,11 @@ def test_default_grpo_draws_uncertain_tokens_in_large_steps_and_trains_attention
     default = sim_tiny.configure()
     flags = _actor_flags(default, tmp_path)
     assert (flags["--draw-below"], flags["--max-draws"], flags["--records-per-shard"]) == ("0.9", "2", "240")
-    assert (flags["--concurrency"], flags["--max-rounds"]) == ("32", "3")
-    assert (default.grpo_steps, default.grpo_tasks, default.grpo_learning_rate) == (3, 240, 3e-4)
+    assert (flags["--concurrency"], flags["--max-rounds"]) == ("32", "4")
+    assert (default.grpo_steps, default.grpo_tasks, default.grpo_learning_rate) == (4, 240, 3e-4)
     assert default.grpo_frozen == ("embed_tokens", "mlp", "visual")  # the learner trains attention alone
-    four = sim_tiny.configure(grpo_schedule="four-steps")
-    assert _actor_flags(four, tmp_path)["--max-rounds"] == "4" and four.grpo_frozen == default.grpo_frozen
+    three = sim_tiny.configure(grpo_schedule="three-steps")
+    assert _actor_flags(three, tmp_path)["--max-rounds"] == "3" and three.grpo_frozen == default.grpo_frozen
     every = sim_tiny.configure(grpo_schedule="decision-batch")  # four such steps, every parameter trained
     assert (every.grpo_steps, every.grpo_frozen, every.draw_below) == (4, (), 0.9)
     small = sim_tiny.configure(grpo_schedule="small-steps")
