@@ -68,7 +68,7 @@ ENV_FILE = "env.toml"
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SimTinyConfig:
-    """Everything the sim-tiny run decides (defaults: about 20 minutes on 2 CPU cores, measured)."""
+    """Everything the sim-tiny run decides (defaults: 16-27 minutes on 2 CPU cores by the machine, measured)."""
 
     seed: int = 0
     # worlds
@@ -112,6 +112,7 @@ class SimTinyConfig:
     # SFT policies of seeds 0, 1, 2 (docs/sim_tiny.md, "Large steps of decision samples"): held-out greedy reward
     # +0.064 (paired SE 0.027), +0.063 (0.044), +0.019 (0.018); three steps (`GRPO_SCHEDULES["three-steps"]`, the
     # default until a group's greedy turns were played once, `RolloutConfig.share_trunk`) +0.036, +0.063, +0.019.
+    # Seed 1's whole run on another CPU trained another SFT policy (0.51 search score, not 0.35): +0.000 (0.026).
     # A step of 240 such episodes is a quarter of the gradient's noise scale; the steps of 32 episodes before (6 of 4
     # groups of 8, every token of the sampled turn drawn, every parameter, lr 1e-4: `GRPO_SCHEDULES["small-steps"]`)
     # gave -0.017 to -0.000
