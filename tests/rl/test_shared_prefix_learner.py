@@ -88,8 +88,9 @@ def test_shared_prefix_step_equals_the_full_rows(tiny_checkpoint, units, learner
     assert set(full) == set(short)
     for key, value in full.items():
         assert short[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
-    # after the update the two learners still agree, on the full rows
-    np.testing.assert_allclose(b.logprobs(plain), a.logprobs(plain), atol=1e-5)
+    # after the update the two learners still agree, on the full rows (Adam turns the gradients' 1e-4 relative
+    # agreement into last-bit parameter differences: 1.4e-5 on a log-prob of -3.27 seen on an AVX-512 CPU)
+    np.testing.assert_allclose(b.logprobs(plain), a.logprobs(plain), rtol=1e-5, atol=1e-5)
 
 
 def with_tree_advantages(units, seed=0):

@@ -211,7 +211,7 @@ def test_config_overrides_are_typed_by_the_field():
                           ("blind=1", "--set blind=1: expected bool like False"),
                           ("branch_turns=2", r"--set branch_turns=2: expected tuple like \(2,\)"),
                           ("size={\"width\": 3}", "--set size: .*width"),
-                          ("grpo_steps=null", "expected int like 3")):
+                          ("grpo_steps=null", f"expected int like {sim_tiny.SimTinyConfig().grpo_steps}")):
         with pytest.raises(ValueError, match=message):
             sim_tiny.config_overrides([pair])
     with pytest.raises(ValueError, match="top_p"):  # the config's own checks still apply
