@@ -97,6 +97,8 @@ def main() -> None:
         d = c["reward_difference"]
         print(f"reward - baseline ({c['baseline']}): {d['mean']:+.4f} (paired SE {d['se_paired']:.4f}, "
               f"{d['num_tasks']} tasks; better on {c['tasks_better']}, worse on {c['tasks_worse']})")
+    if result.get("world_mismatch"):
+        print(f"note: {result['world_mismatch']}")
     print(f"wrote {args.json}")
 
 

@@ -433,7 +433,7 @@ def export_policy(config: SimTinyConfig, model: Any, out: Path, tokenizer_dir: P
 
 def write_policy_files(config: SimTinyConfig, tokenizer_dir: Path, env_file: Path, out: Path) -> Path:
     """The files a policy folder holds besides its weights: the tokenizer, and `ranger_env.json` (env, rewards,
-    image bounds, token budgets) from the run's env file and config."""
+    image bounds, token budgets, world generation) from the run's env file and config."""
     from ranger_jax.rollout import trained_env
 
     out.mkdir(parents=True, exist_ok=True)
@@ -444,7 +444,8 @@ def write_policy_files(config: SimTinyConfig, tokenizer_dir: Path, env_file: Pat
         env=settings.get("env", {}), rewards=settings.get("rewards", {}),
         image={"min_pixels": episode_config.vision.min_pixels, "max_pixels": episode_config.vision.max_pixels},
         episode={"max_new_tokens": episode_config.max_new_tokens,
-                 "max_context_tokens": episode_config.max_context_tokens}))
+                 "max_context_tokens": episode_config.max_context_tokens},
+        world={"world_version": config.world_version}))
     return out
 
 

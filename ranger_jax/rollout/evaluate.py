@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import statistics
 from collections.abc import Mapping, Sequence
@@ -42,6 +43,8 @@ from ranger_jax.rollout import runner, sampler_policy, trained_env
 
 GREEDY = episode_lib.GREEDY  # temperature 0, top-p 1, top-k off
 DEFAULT_CONCURRENCY = 8
+
+logger = logging.getLogger(__name__)
 
 
 def is_checkpoint(path: str | os.PathLike) -> bool:
@@ -204,6 +207,9 @@ def evaluate_checkpoint(world_dir: str | os.PathLike, checkpoint: str | os.PathL
         raise FileNotFoundError(f"{checkpoint} is not a checkpoint folder (no config.json)")
     trained = trained_env.read(checkpoint) or trained_env.TrainedEnv()
     the_world = world_lib.load_world(world_dir)
+    mismatch = trained.world_mismatch(the_world.version)
+    if mismatch is not None:
+        logger.warning("%s: %s", world_dir, mismatch)
     tasks = world_lib.load_tasks(world_dir)[:limit]
     tokenizer = tokenizer_lib.load_tokenizer(checkpoint)
     model = qwen3_vl.load(checkpoint, sharding_rules="sample")
@@ -247,6 +253,8 @@ def evaluate_checkpoint(world_dir: str | os.PathLike, checkpoint: str | os.PathL
     result["num_tasks"] = len(tasks)
     result["num_tasks_by_domain"] = {d: n // samples_per_task for d, n in result["num_tasks_by_domain"].items()}
     result["reward_per_task"] = [round(r, 4) for r in task_rewards(result).values()]
+    result["world_version"] = the_world.version
+    result["world_mismatch"] = trained.world_mismatch(the_world.version)
     return {**result, "settings": settings,
             "sampling": {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
                          "draw_below": sampling.draw_below, "max_draws": sampling.max_draws,

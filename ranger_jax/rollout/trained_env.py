@@ -6,9 +6,12 @@ measures something else. A checkpoint folder may therefore carry the settings it
     {"env":     {EnvConfig fields: "tools", "prompt_style", "max_turns", "max_answer_refs", …},
      "rewards": {REWARD_KEYS: "kind", "text_coef", "min_references", …},
      "image":   {"min_pixels": …, "max_pixels": …},                   # observation image bounds
-     "episode": {"max_new_tokens": …, "max_context_tokens": …}}       # per-turn and whole-episode token budgets
+     "episode": {"max_new_tokens": …, "max_context_tokens": …},      # per-turn and whole-episode token budgets
+     "world":   {"world_version": …}}                                 # the offline world generation it trained in
 
-Every table is optional; missing keys keep their defaults. `write` records a run's settings (machine-local
+Every table is optional; missing keys keep their defaults. `world` says which offline world generation
+(`env.sim.build`'s `world_version`) the policy learned: an evaluation on another generation measures transfer, and
+`evaluate_checkpoint` says so (`world_mismatch`). `write` records a run's settings (machine-local
 paths and keys, such as `image_store`, are left out); `read` checks every key and value and returns None when
 the folder has no such file.
 """
@@ -28,9 +31,10 @@ from ranger_jax.rollout import episode as episode_lib
 from ranger_jax.rollout import sequence
 
 FILE_NAME = "ranger_env.json"
-TABLES = ("env", "rewards", "image", "episode")
+TABLES = ("env", "rewards", "image", "episode", "world")
 IMAGE_KEYS = ("min_pixels", "max_pixels")
 EPISODE_KEYS = ("max_new_tokens", "max_context_tokens")
+WORLD_KEYS = ("world_version",)
 # EnvConfig fields that describe one machine (folders, secrets), not the environment the policy learned.
 LOCAL_ENV_KEYS = ("image_store", "summarizer_api_key", "summarizer_cache_dir")
 
@@ -43,6 +47,7 @@ class TrainedEnv:
     rewards: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     image: Mapping[str, int] = dataclasses.field(default_factory=dict)
     episode: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    world: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def from_run(cls, tool_env: Any, config: episode_lib.EpisodeConfig) -> "TrainedEnv":
@@ -53,6 +58,16 @@ class TrainedEnv:
         return cls(env=env, rewards=dict(tool_env.rewards),
                    image={"min_pixels": config.vision.min_pixels, "max_pixels": config.vision.max_pixels},
                    episode={"max_new_tokens": config.max_new_tokens, "max_context_tokens": config.max_context_tokens})
+
+    def world_mismatch(self, world_version: int) -> str | None:
+        """Why a world of generation `world_version` is not the one the policy trained in (None: it is, or the
+        file does not say)."""
+        trained = self.world.get("world_version")
+        if trained is None or trained == world_version:
+            return None
+        return (f"the policy trained in offline worlds of version {trained}; this world is version {world_version} "
+                f"(build one with `python -m ranger_jax.env.sim.build ... --world-version {trained}` to evaluate it "
+                "where it learned)")
 
     def vision(self, *, patch_size: int, merge_size: int, temporal_patch_size: int) -> sequence.VisionSettings:
         """The observation image settings: the recorded pixel bounds (else the defaults) and the model's patching."""
@@ -96,7 +111,8 @@ def parse(data: Any, where: str) -> TrainedEnv:
     config_lib.env_config(tables["env"], f"{where} 'env'")
     trained = TrainedEnv(env=tables["env"], rewards=config_lib.check_rewards(tables["rewards"], f"{where} 'rewards'"),
                          image=_counts(tables["image"], IMAGE_KEYS, f"{where} 'image'"),
-                         episode=_counts(tables["episode"], EPISODE_KEYS, f"{where} 'episode'"))
+                         episode=_counts(tables["episode"], EPISODE_KEYS, f"{where} 'episode'"),
+                         world=_counts(tables["world"], WORLD_KEYS, f"{where} 'world'"))
     if trained.image:
         sequence.VisionSettings(**trained.image)  # min_pixels <= max_pixels, naming both
     return trained

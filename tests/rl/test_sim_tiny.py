@@ -62,6 +62,7 @@ def test_outputs_exist(run, every_program_cacheable):
         assert (out / "policy" / name).is_file()
     recorded = trained_env.read(out / "policy")
     assert recorded.env["tools"] == list(sim_tiny.TOOLS) and recorded.episode["max_new_tokens"] == 24
+    assert recorded.world == {"world_version": sim_tiny.SimTinyConfig().world_version}  # what evals compare with
     assert any((out / "jax_cache").iterdir())  # the actor process compiled into the run's compilation cache
     before = sorted(p.name for p in (out / "jax_cache").iterdir())
     jax.jit(lambda x: jnp.sin(x) * 5.25 - 0.5)(jnp.ones((3, 11))).block_until_ready()  # a program new to the run

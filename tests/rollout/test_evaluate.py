@@ -2,6 +2,7 @@
 with the env settings it carries (`ranger_env.json`), of agents by name, object or callable, and the paired
 comparison of two evaluations."""
 
+import dataclasses
 import json
 import re
 import runpy
@@ -78,6 +79,28 @@ def test_agents_by_name_and_errors(world_dir, the_world, checkpoint):
         evaluate.evaluate_checkpoint(world_dir, checkpoint, limit=0)
 
 
+def test_eval_says_when_the_world_is_not_the_generation_the_policy_trained_in(checkpoint, world_dir, the_world,
+                                                                              tmp_path, monkeypatch, capsys):
+    assert evaluate.evaluate(world_dir, str(checkpoint), limit=1)["world_mismatch"] is None  # the file does not say
+    other = 1 if the_world.version != 1 else 2
+    for trained_version, mismatch in ((the_world.version, False), (other, True)):
+        policy_dir = shutil.copytree(checkpoint, tmp_path / f"v{trained_version}")
+        trained_env.write(policy_dir, dataclasses.replace(TRAINED, world={"world_version": trained_version}))
+        out = tmp_path / f"v{trained_version}.json"
+        monkeypatch.setattr(sys, "argv", ["savanna_sim.py", "--world", str(world_dir), "--policy", str(policy_dir),
+                                          "--json", str(out), "--limit", "1"])
+        runpy.run_path(str(REPO / "evals" / "savanna_sim.py"), run_name="__main__")
+        result, printed = json.loads(out.read_text()), capsys.readouterr().out
+        assert result["world_version"] == the_world.version
+        if mismatch:
+            expected = (f"the policy trained in offline worlds of version {other}; this world is version "
+                        f"{the_world.version} (build one with `python -m ranger_jax.env.sim.build ... --world-version "
+                        f"{other}`")
+            assert result["world_mismatch"].startswith(expected) and f"note: {expected}" in printed
+        else:
+            assert result["world_mismatch"] is None and "note:" not in printed
+
+
 def test_trained_env_file_round_trip_and_errors(tmp_path, world_dir):
     assert trained_env.read(tmp_path) is None
     with env.make("savanna_sim", world=str(world_dir), image_store=str(tmp_path / "store")) as tool_env:
@@ -102,6 +125,8 @@ def test_trained_env_file_round_trip_and_errors(tmp_path, world_dir):
         ({"image": {"min_pixels": 0}}, "'min_pixels' must be a positive integer"),
         ({"image": {"min_pixels": 9000, "max_pixels": 4000}}, r"min_pixels \(9000\) > max_pixels \(4000\)"),
         ({"episode": {"max_new_tokens": 1.5}}, "'max_new_tokens' must be a positive integer"),
+        ({"world": {"version": 1}}, r"'world': unknown key 'version'; known keys: \['world_version'\]"),
+        ({"world": {"world_version": 0}}, "'world_version' must be a positive integer"),
     ]:
         path.write_text(json.dumps(data))
         with pytest.raises(ValueError, match=match):
