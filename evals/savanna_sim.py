@@ -4,6 +4,11 @@
     python evals/savanna_sim.py --world /tmp/world --policy expert --json /tmp/expert.json
     python evals/savanna_sim.py --world /tmp/world --policy /ckpt/policy --json /tmp/policy.json
 
+or, building the world first when the folder holds none, in the generation the checkpoint trained in (its
+`ranger_env.json`; an existing world must be that one):
+
+    python evals/savanna_sim.py --world /tmp/w7 --build-seed 7 --build-tasks 100 --policy /ckpt/policy --json OUT
+
 `--policy` is `expert`, `naive`, `finder` or a checkpoint folder (HF-layout Qwen3-VL with tokenizer.json), run
 greedily through the JAX sampler with the env settings it was trained with (its `ranger_env.json`) unless `--env`
 names others. Writes the summary of `ranger_jax.rollout.evaluate.evaluate` (search_score overall, per domain and
@@ -29,8 +34,8 @@ import json
 from pathlib import Path
 
 from ranger_jax import fileio
-from ranger_jax.env.sim import savanna
-from ranger_jax.rollout import evaluate, policy as policy_lib, runner
+from ranger_jax.env.sim import build, savanna, world as world_lib
+from ranger_jax.rollout import eval_world, evaluate, policy as policy_lib, runner
 
 SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "draw_below", "max_draws", "samples", "branch_turns",
                   "sample_turns", "seed")
@@ -45,6 +50,10 @@ def main() -> None:
     parser.add_argument("--env", default=None,
                         help='"offline", a shipped environment such as savanna_sim, or a .toml environment file '
                              "(default: a checkpoint's ranger_env.json, else offline)")
+    parser.add_argument("--build-seed", type=int, default=None,
+                        help="build the world at --world from this seed first when it holds none, in the generation "
+                             "the checkpoint trained in (else the builder's default); an existing world must match")
+    parser.add_argument("--build-tasks", type=int, default=100, help="tasks of a world --build-seed builds")
     parser.add_argument("--limit", type=int, default=None, help="run only the first N tasks")
     parser.add_argument("--concurrency", type=int, default=None, help="checkpoints: episodes in flight")
     parser.add_argument("--max-new-tokens", type=int, default=None, help="checkpoints: tokens per turn")
@@ -77,6 +86,10 @@ def main() -> None:
     if given:
         options.update(_sampled_options(parser, args))
     baseline = _read_json(parser, args.baseline) if args.baseline else None
+    if args.build_seed is not None:
+        if not 1 <= args.build_tasks <= build.MAX_TASKS:
+            parser.error(f"--build-tasks must be in 1..{build.MAX_TASKS}; got {args.build_tasks}")
+        _build_world(parser, args)
     try:
         result = evaluate.evaluate(args.world, args.policy, env_name=args.env, limit=args.limit, progress=True,
                                    **options)
@@ -118,6 +131,17 @@ def _sampled_options(parser: argparse.ArgumentParser, args: argparse.Namespace) 
     return {"sampling": sampling, "samples_per_task": 1 if args.samples is None else args.samples,
             "branch_turns": branch_turns, "sample_turns": args.sample_turns,
             "seed": 0 if args.seed is None else args.seed}
+
+
+def _build_world(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    try:
+        world_dir, built = eval_world.ensure_world(args.world, seed=args.build_seed, num_tasks=args.build_tasks,
+                                                   policy=args.policy, progress=True)
+    except ValueError as err:
+        parser.error(f"--world/--build-seed: {err}")
+    if built:
+        print(f"built {world_dir}: seed {args.build_seed}, {args.build_tasks} tasks, world version "
+              f"{world_lib.read_meta(world_dir).get('world_version', 1)}")
 
 
 def _read_json(parser: argparse.ArgumentParser, path: str) -> dict:

@@ -10,6 +10,7 @@ the uninterrupted run's).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import os
 import time
@@ -24,16 +25,25 @@ from ranger_jax.rl import metrics as metrics_lib
 
 
 REHEARSAL_KEY = "rehearsal"  # where a checkpoint's data state keeps the rehearsal stream's position
+RECENT_STEPS = 50  # steps `SftResult.recent_losses` keeps
 
 
 @dataclasses.dataclass(frozen=True)
 class SftResult:
-    """What an SFT run did: steps taken (in total, resumed ones included), the last metrics, and its wall time."""
+    """What an SFT run did: steps taken (in total, resumed ones included), the last metrics, its wall time, and the
+    losses of its last `RECENT_STEPS` steps in this process (`recent_loss`: their mean)."""
 
     num_steps: int
     last: dict[str, float]
     wall_s: float
     tokens_per_s: float
+    recent_losses: tuple[float, ...] = ()
+
+    @property
+    def recent_loss(self) -> float | None:
+        """The mean loss of the last steps (None when this process took none): a training run's level, where
+        the last step's loss is one noisy batch."""
+        return sum(self.recent_losses) / len(self.recent_losses) if self.recent_losses else None
 
 
 def train(learner: learner_lib.Learner, dataset: Iterable[dict[str, Any]], *, num_steps: int,
@@ -73,7 +83,7 @@ def train(learner: learner_lib.Learner, dataset: Iterable[dict[str, Any]], *, nu
         if data_state is not None and hasattr(iterator, "set_state"):
             iterator.set_state(data_state)
     start, started = learner.step_count // per_step, time.monotonic()
-    tokens, last = 0.0, {}
+    tokens, last, recent = 0.0, {}, collections.deque(maxlen=RECENT_STEPS)
     bar = tqdm.tqdm(total=num_steps, initial=start, desc=log_prefix, unit="step", disable=not progress)
     with bar:
         while learner.step_count // per_step < num_steps:
@@ -84,6 +94,7 @@ def train(learner: learner_lib.Learner, dataset: Iterable[dict[str, Any]], *, nu
                                  "use more epochs (num_epochs) or fewer steps") from err
             last = learner.step(batch)
             tokens += last.get("tokens", 0.0)
+            recent.append(float(last["loss"]))
             if rehearsal is not None:
                 last["rehearsal_loss"] = learner.step(next(rehearsal))["loss"]
             step = learner.step_count // per_step
@@ -99,7 +110,7 @@ def train(learner: learner_lib.Learner, dataset: Iterable[dict[str, Any]], *, nu
     wall = time.monotonic() - started
     done = learner.step_count // per_step
     return SftResult(num_steps=done, last=last, wall_s=wall,
-                     tokens_per_s=tokens / wall if wall > 0 and done > start else 0.0)
+                     tokens_per_s=tokens / wall if wall > 0 and done > start else 0.0, recent_losses=tuple(recent))
 
 
 def dataset_for(data: str | os.PathLike, *, tokenizer: Any, batch_size: int, length_buckets: tuple[int, ...],

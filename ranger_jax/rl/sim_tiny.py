@@ -63,6 +63,7 @@ TOOLS = ("text_search", "image_search", "find_object")
 REHEARSAL_WINDOW, REHEARSAL_BATCH, REHEARSAL_GAPS = 32, 8, (32, 256, 640)
 SCAFFOLD_FRACTION = 0.15  # assistant tokens in at least this share of teacher episodes are templates, never permuted
 FIRST_TURN_BATCH = 16  # rows of the first-turn stage (~100 tokens each)
+FIRST_TURN_EXTENSION = 100  # steps the first-turn stage goes on by while its loss is above the target
 ENV_FILE = "env.toml"
 
 
@@ -105,6 +106,14 @@ class SimTinyConfig:
     # it the policy learns to copy (held-out first-turn loss ~0.03).
     copy_warmup_steps: int = 150
     first_turn_steps: int = 700
+    # The first-turn stage then goes on, FIRST_TURN_EXTENSION steps at a time, while its mean loss over the last 50
+    # steps is above `first_turn_target_loss`, up to `first_turn_max_steps` in all. Using the copy is a sudden
+    # transition whose step varies from run to run (docs/sim_tiny.md, "When the copy is learned"): measured at
+    # steps ~250-550 (loss 1.2 -> 0.01-0.05), and in one run (seed 2 on the AVX-512 machine) not by step 700 (loss
+    # 0.40; its SFT policy then scored 0.00), where it fell slowly on to 0.034 by step 1400. A run whose copy is
+    # learned by step 700 is unchanged by the check.
+    first_turn_target_loss: float = 0.05
+    first_turn_max_steps: int = 1800
     # Rehearsing the random-token copy after every SFT step (off: measured not to help, ~35% more SFT time).
     copy_rehearsal: bool = False
     sft_augment: bool = True  # permute every content word through each SFT episode (data.augment.content_words)
@@ -180,10 +189,16 @@ class SimTinyConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"SimTinyConfig.{name} must be a positive int; got {value!r}")
-        for name in ("copy_warmup_steps", "first_turn_steps"):
+        for name in ("copy_warmup_steps", "first_turn_steps", "first_turn_max_steps"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"SimTinyConfig.{name} must be an int >= 0; got {value!r}")
+        if self.first_turn_max_steps < self.first_turn_steps:
+            raise ValueError(f"SimTinyConfig.first_turn_max_steps ({self.first_turn_max_steps}) must be at least "
+                             f"first_turn_steps ({self.first_turn_steps})")
+        target = self.first_turn_target_loss
+        if isinstance(target, bool) or not isinstance(target, (int, float)) or not target > 0:
+            raise ValueError(f"SimTinyConfig.first_turn_target_loss must be a number > 0; got {target!r}")
         object.__setattr__(self, "branch_turns", runner.checked_branch_turns(self.branch_turns, "SimTinyConfig"))
         runner.check_sample_turns(self.sample_turns, "SimTinyConfig")
         if self.shared_prefix and self.sample_turns != 1:
@@ -541,6 +556,30 @@ def _pre_sft_learner(config: SimTinyConfig, model: Any) -> learner_lib.Learner:
         max_grad_norm=1.0))
 
 
+def train_first_turns(config: SimTinyConfig, learner: learner_lib.Learner, batches: Any,
+                      metrics: metrics_lib.MetricsWriter | None) -> dict[str, Any]:
+    """The first-turn stage: `first_turn_steps`, then FIRST_TURN_EXTENSION more at a time while the mean loss of the
+    last steps is above `first_turn_target_loss` (up to `first_turn_max_steps`). Returns the last step's metrics
+    with `steps` taken, that `recent_loss` and `copy_learned` (the target was reached)."""
+    def train(steps: int) -> sft.SftResult:
+        return sft.train(learner, batches, num_steps=steps, metrics=metrics, progress=config.progress,
+                         log_prefix="first_turns")
+
+    result = train(config.first_turn_steps)
+    while result.recent_loss > config.first_turn_target_loss and result.num_steps < config.first_turn_max_steps:
+        steps = min(result.num_steps + FIRST_TURN_EXTENSION, config.first_turn_max_steps)
+        print(f"first turns: mean loss {result.recent_loss:.3f} over the last steps is above "
+              f"{config.first_turn_target_loss} (the copy is not used yet); training to step {steps}",
+              file=sys.stderr, flush=True)
+        result = train(steps)
+    learned = result.recent_loss <= config.first_turn_target_loss
+    if not learned:
+        print(f"warning: first turns end at mean loss {result.recent_loss:.3f} after {result.num_steps} steps, above "
+              f"{config.first_turn_target_loss}: the policy may not copy names (its held-out scores will show it)",
+              file=sys.stderr, flush=True)
+    return {**result.last, "steps": result.num_steps, "recent_loss": result.recent_loss, "copy_learned": learned}
+
+
 def run_sft(config: SimTinyConfig, tokenizer: Any, data_dir: Path, out: Path,
             metrics: metrics_lib.MetricsWriter) -> tuple[learner_lib.Learner, sft.SftResult, dict[str, float]]:
     """Copy warm-up, first turns, then SFT of a fresh tiny policy on the teacher's shards; returns the SFT learner,
@@ -562,8 +601,7 @@ def run_sft(config: SimTinyConfig, tokenizer: Any, data_dir: Path, out: Path,
             first = _pre_sft_learner(config, model)
             batches = first_turns.FirstTurnBatches(source, pad_id=tokenizer.pad_id, batch_size=FIRST_TURN_BATCH,
                                                    seed=config.seed, augment=permutation)
-            stages["first_turns"] = sft.train(first, batches, num_steps=config.first_turn_steps, metrics=metrics,
-                                              progress=config.progress, log_prefix="first_turns").last
+            stages["first_turns"] = train_first_turns(config, first, batches, metrics)
             model = first.params_model()
             first.close()
     learner = sft_learner(config, model, checkpoint_dir)

@@ -22,7 +22,7 @@ from ranger_jax.rollout import trained_env
 REPO = Path(__file__).resolve().parents[2]
 MICRO = sim_tiny.SimTinyConfig(
     sft_worlds=1, tasks_per_world=4, grpo_tasks=4, eval_tasks=4, sft_steps=2, sft_batch=4, grpo_steps=2,
-    copy_warmup_steps=2, first_turn_steps=2, copy_rehearsal=True, branch_turns=(0, 1),
+    copy_warmup_steps=2, first_turn_steps=2, first_turn_max_steps=3, copy_rehearsal=True, branch_turns=(0, 1),
     grpo_tasks_per_step=1, group_size=2, actor_concurrency=1, max_new_tokens=24, progress=False,
     teacher_min_reward=0.0, grpo_augment=True,
     advantages="prefix-tree", grpo_frozen=("embed_tokens", "mlp"), greedy_member=True, draw_below=1.0, max_draws=0,
@@ -48,7 +48,9 @@ def test_summary_has_every_score(run):
     assert on_disk["eval_world_seed"] not in on_disk["train_world_seeds"]
     assert on_disk["world_version"] == 1
     assert on_disk["pre_sft"]["copy_warmup"]["repeat_loss"] > 0 and on_disk["config"]["sft_augment"] is True
-    assert on_disk["pre_sft"]["first_turns"]["loss"] > 0
+    first = on_disk["pre_sft"]["first_turns"]
+    assert first["loss"] > 0 and first["steps"] == 3 and first["copy_learned"] is False  # extended to the cap
+    assert first["recent_loss"] > MICRO.first_turn_target_loss
     assert on_disk["grpo_minus_sft_reward"]["num_tasks"] == 4
     for folder in (out / "worlds").iterdir():  # the first world generation, as the three-call teacher needs
         assert json.loads((folder / "world.json").read_text()).get("world_version", 1) == 1
@@ -194,6 +196,35 @@ def test_default_grpo_draws_uncertain_tokens_in_large_steps_and_trains_attention
     small = sim_tiny.configure(grpo_schedule="small-steps")
     assert (small.group_size, small.grpo_steps, small.draw_below, small.max_draws, small.grpo_frozen) == \
         (8, 6, 1.0, 0, ())
+
+
+class _ScriptedLearner:
+    """An SFT learner whose loss at step s is `loss(s)` (the first-turn stage's control flow, without a model)."""
+
+    def __init__(self, loss):
+        self.config = type("Config", (), {"objective": "sft"})()
+        self.checkpoints, self.step_count, self.loss = None, 0, loss
+
+    def step(self, batch):
+        self.step_count += 1
+        return {"loss": self.loss(self.step_count), "tokens": 1.0}
+
+
+@pytest.mark.parametrize("learned_at, steps, learned", [(100, 700, True), (745, 800, True), (1030, 1100, True),
+                                                        (None, 1400, False)])
+def test_first_turns_go_on_until_the_copy_is_learned(learned_at, steps, learned, capsys):
+    config = dataclasses.replace(MICRO, first_turn_steps=700, first_turn_max_steps=1400, first_turn_target_loss=0.05)
+    learner = _ScriptedLearner(lambda s: 0.01 if learned_at is not None and s >= learned_at else 1.2)
+    result = sim_tiny.train_first_turns(config, learner, iter(lambda: {}, None), metrics=None)
+    assert (result["steps"], result["copy_learned"], learner.step_count) == (steps, learned, steps)
+    assert result["recent_loss"] == pytest.approx(0.01 if learned else 1.2)
+    err = capsys.readouterr().err
+    assert ("training to step 800" in err) == (steps > 700)
+    assert ("warning: first turns end at mean loss 1.200 after 1400 steps" in err) == (not learned)
+    with pytest.raises(ValueError, match=r"first_turn_max_steps \(600\) must be at least first_turn_steps \(700\)"):
+        dataclasses.replace(config, first_turn_max_steps=600)
+    with pytest.raises(ValueError, match="first_turn_target_loss must be a number > 0; got 0"):
+        dataclasses.replace(config, first_turn_target_loss=0)
 
 
 def test_config_overrides_are_typed_by_the_field():

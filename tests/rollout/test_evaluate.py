@@ -15,7 +15,8 @@ import pytest
 
 from ranger_jax import env
 from ranger_jax.data import shards
-from ranger_jax.rollout import episode, evaluate, policy, sequence, trained_env
+from ranger_jax.env.sim import world
+from ranger_jax.rollout import episode, eval_world, evaluate, policy, sequence, trained_env
 
 REPO = Path(__file__).resolve().parents[2]
 TRAINED = trained_env.TrainedEnv(
@@ -246,4 +247,43 @@ def test_sampled_eval_and_comparison_from_the_command_line(checkpoint, world_dir
     ]:
         with pytest.raises(SystemExit):
             _cli(monkeypatch, "--world", str(world_dir), "--json", str(tmp_path / "x.json"), *args)
+        assert re.search(match, capsys.readouterr().err), (args, match)
+
+
+def test_ensure_world_builds_the_policys_generation_once_and_names_another_world(checkpoint, tmp_path):
+    policy_dir = shutil.copytree(checkpoint, tmp_path / "policy")
+    trained_env.write(policy_dir, dataclasses.replace(TRAINED, world={"world_version": 1}))
+    assert eval_world.trained_world_version(policy_dir) == 1
+    assert eval_world.trained_world_version(checkpoint) is None and eval_world.trained_world_version("expert") is None
+    path, built = eval_world.ensure_world(tmp_path / "w", seed=11, num_tasks=2, policy=policy_dir)
+    meta = world.read_meta(path)
+    assert built and (meta["seed"], meta["num_tasks"], meta.get("world_version", 1)) == (11, 2, 1)
+    before = (path / world.WORLD_FILE).stat().st_mtime_ns
+    assert eval_world.ensure_world(path, seed=11, num_tasks=2, policy=policy_dir) == (path, False)
+    assert (path / world.WORLD_FILE).stat().st_mtime_ns == before  # the same world is not built again
+    with pytest.raises(ValueError, match=r"another world: seed 11 \(wanted 12\), num_tasks 2 \(wanted 3\)"):
+        eval_world.ensure_world(path, seed=12, num_tasks=3, policy=policy_dir)
+    with pytest.raises(ValueError, match=r"world_version 1 \(wanted 2\)"):
+        eval_world.ensure_world(path, seed=11, num_tasks=2, world_version=2)
+    with pytest.raises(ValueError, match="world_version 2 is not the generation .* trained in \\(1\\)"):
+        eval_world.ensure_world(tmp_path / "w2", seed=11, num_tasks=2, policy=policy_dir, world_version=2)
+    assert not (tmp_path / "w2").exists()
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("x")
+    with pytest.raises(ValueError, match="holds other files"):
+        eval_world.ensure_world(tmp_path / "other", seed=1, num_tasks=2)
+
+
+def test_build_seed_from_the_command_line(checkpoint, tmp_path, monkeypatch, capsys):
+    policy_dir = shutil.copytree(checkpoint, tmp_path / "policy")
+    trained_env.write(policy_dir, dataclasses.replace(TRAINED, world={"world_version": 1}))
+    common = ["--world", str(tmp_path / "w"), "--policy", str(policy_dir), "--limit", "1"]
+    _cli(monkeypatch, *common, "--build-seed", "5", "--build-tasks", "2", "--json", str(tmp_path / "a.json"))
+    result, printed = json.loads((tmp_path / "a.json").read_text()), capsys.readouterr().out
+    assert f"built {tmp_path / 'w'}: seed 5, 2 tasks, world version 1" in printed
+    assert result["seed"] == 5 and result["world_version"] == 1 and result["world_mismatch"] is None
+    for args, match in [(["--build-seed", "6", "--build-tasks", "2"], r"--world/--build-seed: .* seed 5 \(wanted 6\)"),
+                        (["--build-seed", "5", "--build-tasks", "0"], r"--build-tasks must be in 1\.\.\d+; got 0")]:
+        with pytest.raises(SystemExit):
+            _cli(monkeypatch, *common, *args, "--json", str(tmp_path / "b.json"))
         assert re.search(match, capsys.readouterr().err), (args, match)
