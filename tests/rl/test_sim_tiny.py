@@ -51,6 +51,10 @@ def test_summary_has_every_score(run):
     first = on_disk["pre_sft"]["first_turns"]
     assert first["loss"] > 0 and first["steps"] == 3 and first["copy_learned"] is False  # extended to the cap
     assert first["recent_loss"] > MICRO.first_turn_target_loss
+    # the first attempt's copy was not learned: both stages again from seed + 1000, whose first turns were extended
+    attempts = on_disk["pre_sft"]["attempts"]
+    assert [(a["seed"], a["steps"]) for a in attempts] == [(MICRO.seed, 2), (MICRO.seed + 1000, 3)]
+    assert attempts[-1]["recent_loss"] == first["recent_loss"]
     assert on_disk["grpo_minus_sft_reward"]["num_tasks"] == 4
     for folder in (out / "worlds").iterdir():  # the first world generation, as the three-call teacher needs
         assert json.loads((folder / "world.json").read_text()).get("world_version", 1) == 1
@@ -221,6 +225,11 @@ def test_first_turns_go_on_until_the_copy_is_learned(learned_at, steps, learned,
     err = capsys.readouterr().err
     assert ("training to step 800" in err) == (steps > 700)
     assert ("warning: first turns end at mean loss 1.200 after 1400 steps" in err) == (not learned)
+    unextended = sim_tiny.train_first_turns(config, _ScriptedLearner(lambda s: 1.2), iter(lambda: {}, None),
+                                            metrics=None, extend=False)
+    assert (unextended["steps"], unextended["copy_learned"]) == (700, False) and not capsys.readouterr().err
+    with pytest.raises(ValueError, match="pre_sft_attempts must be at least 1; got 0"):
+        dataclasses.replace(config, pre_sft_attempts=0)
     with pytest.raises(ValueError, match=r"first_turn_max_steps \(600\) must be at least first_turn_steps \(700\)"):
         dataclasses.replace(config, first_turn_max_steps=600)
     with pytest.raises(ValueError, match="first_turn_target_loss must be a number > 0; got 0"):
