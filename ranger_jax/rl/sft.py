@@ -25,13 +25,15 @@ from ranger_jax.rl import metrics as metrics_lib
 
 
 REHEARSAL_KEY = "rehearsal"  # where a checkpoint's data state keeps the rehearsal stream's position
+RECENT_KEY = "recent_losses"  # where it keeps the losses of the last steps (`SftResult.recent_losses`)
 RECENT_STEPS = 50  # steps `SftResult.recent_losses` keeps
 
 
 @dataclasses.dataclass(frozen=True)
 class SftResult:
     """What an SFT run did: steps taken (in total, resumed ones included), the last metrics, its wall time, and the
-    losses of its last `RECENT_STEPS` steps in this process (`recent_loss`: their mean)."""
+    losses of its last `RECENT_STEPS` steps (`recent_loss`: their mean), those before a resume included: they are
+    saved with each checkpoint."""
 
     num_steps: int
     last: dict[str, float]
@@ -41,8 +43,8 @@ class SftResult:
 
     @property
     def recent_loss(self) -> float | None:
-        """The mean loss of the last steps (None when this process took none): a training run's level, where
-        the last step's loss is one noisy batch."""
+        """The mean loss of the last steps (None when none are known: no step taken, or a checkpoint saved
+        without them): a training run's level, where the last step's loss is one noisy batch."""
         return sum(self.recent_losses) / len(self.recent_losses) if self.recent_losses else None
 
 
@@ -74,16 +76,18 @@ def train(learner: learner_lib.Learner, dataset: Iterable[dict[str, Any]], *, nu
         raise ValueError(f"sft.train needs a learner with objective 'sft'; got {learner.config.objective!r}")
     iterator = iter(dataset)
     per_step = 2 if rehearsal is not None else 1  # learner updates per SFT step
+    recent = collections.deque(maxlen=RECENT_STEPS)
     if resume and learner.checkpoints is not None and learner.checkpoints.latest_step() is not None:
         data_state = learner.restore()
-        if isinstance(data_state, dict) and REHEARSAL_KEY in data_state:  # saved with a rehearsal stream
-            if rehearsal is not None and hasattr(rehearsal, "set_state"):
+        if isinstance(data_state, dict) and (REHEARSAL_KEY in data_state or RECENT_KEY in data_state):
+            if REHEARSAL_KEY in data_state and rehearsal is not None and hasattr(rehearsal, "set_state"):
                 rehearsal.set_state(data_state[REHEARSAL_KEY])
+            recent.extend(float(loss) for loss in data_state.get(RECENT_KEY, ()))
             data_state = data_state["data"]
         if data_state is not None and hasattr(iterator, "set_state"):
             iterator.set_state(data_state)
     start, started = learner.step_count // per_step, time.monotonic()
-    tokens, last, recent = 0.0, {}, collections.deque(maxlen=RECENT_STEPS)
+    tokens, last = 0.0, {}
     bar = tqdm.tqdm(total=num_steps, initial=start, desc=log_prefix, unit="step", disable=not progress)
     with bar:
         while learner.step_count // per_step < num_steps:
@@ -103,9 +107,10 @@ def train(learner: learner_lib.Learner, dataset: Iterable[dict[str, Any]], *, nu
             if metrics is not None:
                 metrics.write(step, {f"{log_prefix}/{k}": v for k, v in last.items()})
             if checkpoint_every and (step % checkpoint_every == 0 or step == num_steps):
-                state = iterator.get_state() if hasattr(iterator, "get_state") else None
+                state = {"data": iterator.get_state() if hasattr(iterator, "get_state") else None,
+                         RECENT_KEY: list(recent)}
                 if rehearsal is not None and hasattr(rehearsal, "get_state"):
-                    state = {"data": state, REHEARSAL_KEY: rehearsal.get_state()}
+                    state[REHEARSAL_KEY] = rehearsal.get_state()
                 learner.save(data_state=state, force=True)
     wall = time.monotonic() - started
     done = learner.step_count // per_step

@@ -51,6 +51,7 @@ def test_rehearsal_interleaves_updates_and_resumes_to_the_same_parameters(tmp_pa
     with metrics_lib.MetricsWriter(tmp_path / "metrics") as metrics:
         result = sft.train(whole, Batches(), num_steps=4, rehearsal=rehearsal(), metrics=metrics, progress=False)
     assert result.num_steps == 4 and whole.step_count == 8  # two updates per SFT step
+    whole_recent = result.recent_losses
     rows = [json.loads(line) for line in (tmp_path / "metrics" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "sft/rehearsal_loss" in r] == [1, 2, 3, 4]
     assert all(r["sft/rehearsal_loss"] > 0 for r in rows if "sft/rehearsal_loss" in r)
@@ -61,6 +62,8 @@ def test_rehearsal_interleaves_updates_and_resumes_to_the_same_parameters(tmp_pa
     resumed = learner_lib.Learner(qwen3_vl.init(CONFIG, seed=1), SETTINGS, checkpoint_dir=tmp_path / "ckpt")
     result = sft.train(resumed, Batches(), num_steps=4, rehearsal=rehearsal(), resume=True, progress=False)
     assert result.num_steps == 4 and resumed.step_count == 8
+    # the losses of the steps before the kill came back with the checkpoint: the recent level is the whole run's
+    assert result.recent_losses == pytest.approx(whole_recent) and len(result.recent_losses) == 4
     for got, want in zip(params(resumed), params(whole)):
         np.testing.assert_allclose(got, want, atol=1e-6)
 

@@ -23,6 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 MICRO = sim_tiny.SimTinyConfig(
     sft_worlds=1, tasks_per_world=4, grpo_tasks=4, eval_tasks=4, sft_steps=2, sft_batch=4, grpo_steps=2,
     copy_warmup_steps=2, first_turn_steps=2, first_turn_max_steps=3, copy_rehearsal=True, branch_turns=(0, 1),
+    sft_target_loss=1e-6, sft_extension_steps=1, sft_max_extra_steps=2,
     grpo_tasks_per_step=1, group_size=2, actor_concurrency=1, max_new_tokens=24, progress=False,
     teacher_min_reward=0.0, grpo_augment=True,
     advantages="prefix-tree", grpo_frozen=("embed_tokens", "mlp"), greedy_member=True, draw_below=1.0, max_draws=0,
@@ -56,6 +57,10 @@ def test_summary_has_every_score(run):
     assert [(a["seed"], a["steps"]) for a in attempts] == [(MICRO.seed, 2), (MICRO.seed + 1000, 3)]
     assert attempts[-1]["recent_loss"] == first["recent_loss"]
     assert on_disk["grpo_minus_sft_reward"]["num_tasks"] == 4
+    # SFT above its target went on one step at a time, resumed with a stretched schedule, up to its cap
+    assert on_disk["sft"]["steps"] == 4 and on_disk["sft"]["recent_loss"] > MICRO.sft_target_loss
+    rows = [json.loads(line) for line in (out / "metrics" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "sft/loss" in r] == [1, 2, 3, 4]
     for folder in (out / "worlds").iterdir():  # the first world generation, as the three-call teacher needs
         assert json.loads((folder / "world.json").read_text()).get("world_version", 1) == 1
 
@@ -234,6 +239,24 @@ def test_first_turns_go_on_until_the_copy_is_learned(learned_at, steps, learned,
         dataclasses.replace(config, first_turn_max_steps=600)
     with pytest.raises(ValueError, match="first_turn_target_loss must be a number > 0; got 0"):
         dataclasses.replace(config, first_turn_target_loss=0)
+
+
+def test_sft_goes_on_while_above_its_target_on_a_grid_of_extensions():
+    config = dataclasses.replace(MICRO, sft_steps=300, sft_target_loss=0.05, sft_extension_steps=300,
+                                 sft_max_extra_steps=900)
+    assert sim_tiny.next_sft_steps(config, 300, 0.03) is None  # reached: the runs that converge are unchanged
+    assert sim_tiny.next_sft_steps(config, 300, 0.31) == 600
+    assert sim_tiny.next_sft_steps(config, 600, 0.10) == 900
+    assert sim_tiny.next_sft_steps(config, 900, 0.06) == 1200
+    assert sim_tiny.next_sft_steps(config, 1200, 0.06) is None  # the cap
+    assert sim_tiny.next_sft_steps(config, 450, 0.01) == 600  # killed inside an extension: its end, whatever the loss
+    assert sim_tiny.next_sft_steps(config, 300, None) is None  # no loss known (a checkpoint without them)
+    assert sim_tiny.next_sft_steps(dataclasses.replace(config, sft_max_extra_steps=400), 600, 0.1) == 700
+    assert sim_tiny.next_sft_steps(dataclasses.replace(config, sft_extension_steps=0), 300, 0.3) is None
+    with pytest.raises(ValueError, match="sft_target_loss must be a number > 0; got -1"):
+        dataclasses.replace(config, sft_target_loss=-1)
+    with pytest.raises(ValueError, match="sft_max_extra_steps must be an int >= 0; got 1.5"):
+        dataclasses.replace(config, sft_max_extra_steps=1.5)
 
 
 def test_config_overrides_are_typed_by_the_field():
