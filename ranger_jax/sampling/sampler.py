@@ -137,7 +137,9 @@ class Sampler:
         self._traces: collections.Counter[str] = collections.Counter()
         self._encode = jax.jit(self._encode_images)
         self._append = jax.jit(self._append_tokens, donate_argnums=(1,))
+        self._append_some = jax.jit(self._append_rows, donate_argnums=(1,))
         self._decode = jax.jit(self._decode_tokens, static_argnames=("num_steps",), donate_argnums=(1,))
+        self._decode_some = jax.jit(self._decode_rows, static_argnames=("num_steps",), donate_argnums=(1,))
         self._gather = jax.jit(self._gather_rows, donate_argnums=(0,))
 
     # ----- bookkeeping ---------------------------------------------------------------------------------------------
@@ -188,9 +190,27 @@ class Sampler:
         return steps.append(self._model(state), caches, lengths, next_positions, last_logits, input_ids, num_new,
                             image_embeds, deepstack, grid_thw)
 
+    def _append_rows(self, state, caches, lengths, next_positions, last_logits, index, input_ids, num_new,
+                     image_embeds, deepstack, grid_thw):
+        """`_append_tokens` on rows `index` alone (gathered, appended, written back): a call that appends to a few
+        rows of a large session costs those rows, not the whole batch."""
+        self._count("append", input_ids.shape, caches[0].key.shape[2],
+                    None if image_embeds is None else image_embeds.shape[0])
+        full = (caches, lengths, next_positions, last_logits)
+        rows = steps.append(self._model(state), *steps.take_rows(full, index), input_ids, num_new, image_embeds,
+                            deepstack, grid_thw)
+        return steps.put_rows(full, index, rows)
+
     def _decode_tokens(self, state, caches, *rows, num_steps):
         self._count("decode", (caches[0].key.shape[0], caches[0].key.shape[2]), num_steps)
         return steps.decode(self._model(state), caches, *rows, num_steps=num_steps)
+
+    def _decode_rows(self, state, caches, lengths, next_positions, last_logits, index, *settings, num_steps):
+        """`_decode_tokens` on rows `index` alone (gathered, decoded, written back); `settings` are per call row."""
+        self._count("decode", (index.shape[0], caches[0].key.shape[2]), num_steps)
+        full = (caches, lengths, next_positions, last_logits)
+        out = steps.decode(self._model(state), *steps.take_rows(full, index), *settings, num_steps=num_steps)
+        return (*steps.put_rows(full, index, out[:4]), *out[4:])
 
     def _gather_rows(self, rows_state, source):
         self._count("fork_rows", rows_state[1].shape, rows_state[0][0].key.shape[2])
@@ -211,6 +231,16 @@ class Sampler:
             raise ValueError(f"num_rows must be an int >= 1, got {num_rows!r}")
         return cache_lib.new_session(self.config, num_rows, batch_size=self.buckets.batch(num_rows),
                                      capacity=self.buckets.cache(capacity or 1), mesh=self.mesh)
+
+    def _call_rows(self, session: cache_lib.Session, rows: Sequence[int]) -> np.ndarray | None:
+        """The rows an append or generate call on `rows` works on: None for the whole batch, or (when `rows` fit a
+        smaller bucket, `Buckets.active_rows`) those rows and enough others to fill it, in row order."""
+        sub_batch = self.buckets.active_rows(len(rows))
+        if sub_batch >= session.batch_size:
+            return None
+        chosen = set(rows)
+        others = [row for row in range(session.batch_size) if row not in chosen][:sub_batch - len(rows)]
+        return np.asarray(sorted([*rows, *others]), np.int32)
 
     def _check_segment(self, row: int, segment: Segment) -> np.ndarray:
         ids = np.asarray(segment.token_ids, np.int64).reshape(1, -1) if len(segment.token_ids) else None
@@ -239,16 +269,20 @@ class Sampler:
         longest = max(len(ids) for ids in checked)
         if longest == 0:
             return
-        batch = session.batch_size
         length = self.buckets.length(longest)
         cache_lib.grow(session, self.buckets.cache(max(session.num_tokens(r) + len(checked[r])
                                                        for r in range(session.num_rows))))
+        # in row order, as the images are consumed
+        index = self._call_rows(session, [row for row, ids in enumerate(checked) if len(ids)])
+        call_rows = range(session.batch_size) if index is None else index
         pad_id = 0 if self.config.image_token_id != 0 else 1  # any text id: pads are masked out
-        input_ids = np.full((batch, length), pad_id, np.int32)
-        num_new = np.zeros(batch, np.int32)
-        for row, ids in enumerate(checked):
-            input_ids[row, :len(ids)] = ids
-            num_new[row] = len(ids)
+        input_ids = np.full((len(call_rows), length), pad_id, np.int32)
+        num_new = np.zeros(len(call_rows), np.int32)
+        for slot, row in enumerate(call_rows):
+            if row < session.num_rows:
+                ids = checked[row]
+                input_ids[slot, :len(ids)] = ids
+                num_new[slot] = len(ids)
         with_images = [(row, s) for row, s in enumerate(segments) if s is not None and s.pixel_values is not None]
         with self._mesh_context():
             image_embeds = deepstack = grid = None
@@ -260,9 +294,13 @@ class Sampler:
                     pixel_values, grids, num_patches=self.buckets.patches(len(pixel_values), merge),
                     num_images=self.buckets.images(len(grids) + 1), merge=merge)
                 image_embeds, deepstack = self._encode(self.state, pixel_values, grid)
-            caches, lengths, next_positions, last_logits = self._append(
-                self.state, session.caches, session.lengths, session.next_positions, session.last_logits,
-                input_ids, num_new, image_embeds, deepstack, grid)
+            state = (session.caches, session.lengths, session.next_positions, session.last_logits)
+            if index is None:
+                caches, lengths, next_positions, last_logits = self._append(
+                    self.state, *state, input_ids, num_new, image_embeds, deepstack, grid)
+            else:
+                caches, lengths, next_positions, last_logits = self._append_some(
+                    self.state, *state, index, input_ids, num_new, image_embeds, deepstack, grid)
         session.caches, session.lengths = caches, lengths
         session.next_positions, session.last_logits = next_positions, last_logits
         for row, ids in enumerate(checked):
@@ -320,38 +358,46 @@ class Sampler:
                 raise ValueError(f"row {row}: stop_token_ids {outside} are outside the vocabulary [0, {vocab})")
         if not active_rows:
             return [None] * session.num_rows
-        batch = session.batch_size
         num_steps = self.buckets.new_tokens(max(params[r].max_new_tokens for r in active_rows))
         cache_lib.grow(session, self.buckets.cache(max(session.num_tokens(r) + params[r].max_new_tokens
                                                        for r in active_rows)))
         stops = self.buckets.stop_ids(max(len(params[r].stop_token_ids) for r in active_rows))
+        index = self._call_rows(session, active_rows)
+        call_rows = list(range(session.batch_size)) if index is None else index.tolist()
+        slot_of = {row: slot for slot, row in enumerate(call_rows)}
+        batch = len(call_rows)
         active = np.zeros(batch, bool)
         temperature, top_p = np.zeros(batch, np.float32), np.ones(batch, np.float32)
         top_k, max_new, seeds = np.zeros(batch, np.int32), np.ones(batch, np.int32), np.zeros(batch, np.uint32)
         draw_below, max_draws = np.ones(batch, np.float32), np.zeros(batch, np.int32)
         stop_ids = np.full((batch, stops), -1, np.int32)
         for row in active_rows:
-            p = params[row]
-            active[row] = True
-            temperature[row], top_p[row], top_k[row] = p.temperature, p.top_p, p.top_k
-            max_new[row], seeds[row] = p.max_new_tokens, p.seed
-            draw_below[row], max_draws[row] = p.draw_below, p.max_draws
-            stop_ids[row, :len(p.stop_token_ids)] = p.stop_token_ids
+            p, slot = params[row], slot_of[row]
+            active[slot] = True
+            temperature[slot], top_p[slot], top_k[slot] = p.temperature, p.top_p, p.top_k
+            max_new[slot], seeds[slot] = p.max_new_tokens, p.seed
+            draw_below[slot], max_draws[slot] = p.draw_below, p.max_draws
+            stop_ids[slot, :len(p.stop_token_ids)] = p.stop_token_ids
+        settings = (active, temperature, top_k, top_p, seeds, draw_below, max_draws, max_new, stop_ids,
+                    self._suppressed)
+        state = (session.caches, session.lengths, session.next_positions, session.last_logits)
         with self._mesh_context():
-            caches, lengths, next_positions, last_logits, tokens, logprobs, drawn, counts, stopped = self._decode(
-                self.state, session.caches, session.lengths, session.next_positions, session.last_logits, active,
-                temperature, top_k, top_p, seeds, draw_below, max_draws, max_new, stop_ids, self._suppressed,
-                num_steps=num_steps)
+            if index is None:
+                result = self._decode(self.state, *state, *settings, num_steps=num_steps)
+            else:
+                result = self._decode_some(self.state, *state, index, *settings, num_steps=num_steps)
+        caches, lengths, next_positions, last_logits, tokens, logprobs, drawn, counts, stopped = result
         session.caches, session.lengths = caches, lengths
         session.next_positions, session.last_logits = next_positions, last_logits
         tokens, logprobs, drawn, counts, stopped = jax.device_get((tokens, logprobs, drawn, counts, stopped))
         out: list[Completion | None] = [None] * session.num_rows
         for row in active_rows:
-            n = int(counts[row])
-            out[row] = Completion(token_ids=tokens[row, :n].copy(), logprobs=logprobs[row, :n].copy(),
-                                  finish_reason=FINISH_STOP if stopped[row] else FINISH_LENGTH,
-                                  drawn=drawn[row, :n].copy())
-            session.token_ids[row].extend(int(i) for i in tokens[row, :n])
+            slot = slot_of[row]
+            n = int(counts[slot])
+            out[row] = Completion(token_ids=tokens[slot, :n].copy(), logprobs=logprobs[slot, :n].copy(),
+                                  finish_reason=FINISH_STOP if stopped[slot] else FINISH_LENGTH,
+                                  drawn=drawn[slot, :n].copy())
+            session.token_ids[row].extend(int(i) for i in tokens[slot, :n])
         return out
 
     def complete(self, prompts: Sequence[Segment],

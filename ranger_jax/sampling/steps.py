@@ -27,6 +27,23 @@ def pin_caches(caches: Caches) -> Caches:
         return tuple(text.KVCache(*(constrain(x, *cache_lib.CACHE_AXES) for x in c)) for c in caches)
 
 
+def take_rows(state: tuple, index: jax.Array) -> tuple:
+    """Rows `index` ([R] int32) of a session's device state `(caches, lengths, next_positions, last_logits)`."""
+    caches, lengths, next_positions, last_logits = state
+    caches = tuple(text.KVCache(key=c.key[index], value=c.value[index]) for c in caches)
+    return pin_caches(caches), lengths[index], next_positions[index], last_logits[index]
+
+
+def put_rows(state: tuple, index: jax.Array, rows: tuple) -> tuple:
+    """`state` with rows `index` replaced by `rows` (as `take_rows` returns them; the indices distinct)."""
+    caches, lengths, next_positions, last_logits = state
+    row_caches, row_lengths, row_next, row_logits = rows
+    caches = tuple(text.KVCache(key=c.key.at[index].set(r.key), value=c.value.at[index].set(r.value))
+                   for c, r in zip(caches, row_caches))
+    return (pin_caches(caches), lengths.at[index].set(row_lengths), next_positions.at[index].set(row_next),
+            last_logits.at[index].set(row_logits))
+
+
 def append_positions(input_ids: jax.Array, grid_thw: jax.Array | None, num_new: jax.Array,
                      next_positions: jax.Array, *, image_token_id: int,
                      spatial_merge_size: int) -> tuple[jax.Array, jax.Array]:

@@ -246,3 +246,52 @@ def test_decision_sampling_draws_at_most_max_draws_uncertain_tokens(tiny):
                        ({"max_draws": -1}, "max_draws must be an int >= 0"), ({"max_draws": 1.0}, "max_draws must")]:
         with pytest.raises(ValueError, match=match):
             SamplingParams(**bad)
+
+
+def test_calls_on_a_few_rows_run_on_those_rows_alone_with_the_same_results(tiny, to_segments):
+    """An append or generate whose rows fit a smaller bucket (`Buckets.active_rows`) gathers those rows, runs on
+    them and writes them back: tokens, log-probs, draws, rope deltas and every row's cache and logits equal the
+    whole-batch calls' (the other rows untouched), over appends with images, forks and sampled turns."""
+    import dataclasses
+
+    from ranger_jax.sampling import Sampler
+
+    whole = Sampler(tiny.model, buckets=dataclasses.replace(tiny.sampler.buckets, min_batch=8, min_active_rows=8))
+    some = Sampler(tiny.model, buckets=dataclasses.replace(tiny.sampler.buckets, min_batch=8, min_active_rows=2))
+    config = tiny.config
+    prompts = to_segments(tiny_hf.make_batch(config, [[3, (4, 6), 2], [6], [2, (2, 4), 4], [9], [5]], seed=41))
+    tool = to_segments(tiny_hf.make_batch(config, [[1, (4, 4), 2], [4]], seed=42))
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=6)
+    sampled = SamplingParams(temperature=1.0, seed=7, max_new_tokens=6, draw_below=0.9, max_draws=2)
+
+    def play(sampler):
+        session = sampler.new_session(6)  # a batch of 8 rows
+        outs = []
+        sampler.append(session, [*prompts, None])  # 5 of 6 rows: the whole batch
+        outs.append(sampler.generate(session, [greedy, None, sampled, None, None, None]))  # 2 rows
+        sampler.append(session, [tool[0], None, None, tool[1], None, None])  # 2 rows, one image
+        sampler.fork_rows(session, 0, [5])
+        outs.append(sampler.generate(session, [sampled, None, None, greedy, None, sampled]))  # 3 rows
+        outs.append(sampler.generate(session, [None, greedy, None, None, greedy, None]))  # rows never touched since
+        return session, outs
+
+    (a, a_outs), (b, b_outs) = play(whole), play(some)
+    # whole: one program each; some: also the 2-row append and the 2- and 4-row decodes
+    assert (whole.compilations["append"], whole.compilations["decode"]) == (1, 1)
+    assert (some.compilations["append"], some.compilations["decode"]) == (2, 2)
+    for turn, (x_turn, y_turn) in enumerate(zip(a_outs, b_outs)):
+        for row, (x, y) in enumerate(zip(x_turn, y_turn)):
+            assert (x is None) == (y is None), (turn, row)
+            if x is not None:
+                np.testing.assert_array_equal(x.token_ids, y.token_ids, err_msg=f"turn {turn} row {row}")
+                np.testing.assert_array_equal(x.drawn, y.drawn)
+                np.testing.assert_allclose(x.logprobs, y.logprobs, atol=1e-5)
+    assert a.token_ids == b.token_ids and a.image_grid_thw == b.image_grid_thw
+    np.testing.assert_array_equal(a.rope_deltas, b.rope_deltas)
+    np.testing.assert_array_equal(np.asarray(a.lengths), np.asarray(b.lengths))
+    np.testing.assert_allclose(np.asarray(a.last_logits)[:6], np.asarray(b.last_logits)[:6], atol=1e-5)
+    for x, y in zip(a.caches, b.caches):
+        for row in range(6):
+            n = len(a.token_ids[row])
+            np.testing.assert_allclose(np.asarray(x.key)[row, :, :n], np.asarray(y.key)[row, :, :n], atol=1e-5)
+            np.testing.assert_allclose(np.asarray(x.value)[row, :, :n], np.asarray(y.value)[row, :, :n], atol=1e-5)
