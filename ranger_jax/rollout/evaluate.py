@@ -161,7 +161,7 @@ def evaluate_checkpoint(world_dir: str | os.PathLike, checkpoint: str | os.PathL
                         sampling: policy_lib.SamplingParams = GREEDY, samples_per_task: int = 1,
                         branch_turns: tuple[int, ...] = (0,), sample_turns: int | None = None, seed: int = 0,
                         chunk_tokens: int | None = sampler_policy.DEFAULT_CHUNK_TOKENS, share_trunk: bool = True,
-                        progress: bool = False, **env_options: Any) -> dict[str, Any]:
+                        buckets: Any = None, progress: bool = False, **env_options: Any) -> dict[str, Any]:
     """Runs a checkpoint on the world's tasks, greedily unless `sampling` says otherwise (module docstring);
     returns the summary and one row per episode.
 
@@ -190,6 +190,8 @@ def evaluate_checkpoint(world_dir: str | os.PathLike, checkpoint: str | os.PathL
             turns per call). The results do not depend on it, only the time.
         share_trunk: a task's samples play their greedy turns before the branching turn once and fork from there
             (`runner.RolloutConfig.share_trunk`); like `chunk_tokens`, it changes the time, not the episodes.
+        buckets: the sampler's shape buckets (`sampling.Buckets`; None: its defaults), e.g. `min_active_rows` equal
+            to `concurrency` to run every call on the whole batch. Like `chunk_tokens`, they change the time.
         progress: show a tqdm bar with the running search score.
         **env_options: passed to `env.make`, over everything else.
 
@@ -225,7 +227,7 @@ def evaluate_checkpoint(world_dir: str | os.PathLike, checkpoint: str | os.PathL
                                   episode=episode_lib.EpisodeConfig(sampling=sampling, vision=vision,
                                                                     blank_observations=blank_observations,
                                                                     **budgets))
-    sampler = sampling_lib.Sampler(model, suppress_token_ids=sorted(tokenizer.vision_ids))
+    sampler = sampling_lib.Sampler(model, suppress_token_ids=sorted(tokenizer.vision_ids), buckets=buckets)
     policy = sampler_policy.SamplerPolicy(sampler, num_rows=concurrency, name=f"jax:{Path(checkpoint).name}",
                                           chunk_tokens=chunk_tokens)
     renderer = chat_lib.ChatRenderer(tokenizer, merge_size=vision.merge_size)

@@ -1,10 +1,10 @@
 """Static shape buckets: every size a compiled sampler function sees is rounded up to a power of two.
 
 Batch, appended tokens per row, KV-cache slots, vision patches, images per call, new tokens per call, stop ids
-per row and the rows an append works on each round up to `max(minimum, 2**ceil(log2(n)))`, so steady-state
-decoding reuses a handful of compiled programs instead of compiling for every new length. Image patches round to a multiple of `spatial_merge_size**2`
-times a power of two, and the padding patches become one extra dummy image so the vision tower never mixes them into
-a real image.
+per row and the rows a call works on each round up to `max(minimum, 2**ceil(log2(n)))`, so steady-state decoding
+reuses a handful of compiled programs instead of compiling for every new length. Image patches round to a multiple
+of `spatial_merge_size**2` times a power of two, and the padding patches become one extra dummy image so the vision
+tower never mixes them into a real image.
 """
 
 from __future__ import annotations
@@ -31,8 +31,9 @@ class Buckets:
     min_images: int = 2  # images of one append call, including the dummy padding image
     min_new_tokens: int = 16  # length of the output buffer of one generate call
     min_stop_ids: int = 4  # stop token ids per row
-    # rows of one append call: a call whose rows with new tokens are fewer than the session's batch runs on those rows
-    # alone, gathered into a sub-batch of at least this many rows (padded to a power of two); the others are untouched
+    # rows of one append or generate call: a call on fewer rows than the session's batch runs on those rows alone,
+    # gathered into a sub-batch of at least this many rows (a power of two); the others are untouched. Measured on
+    # sim-tiny's evaluation (32 rows, 2 CPU cores): ~1/3 less compute than whole-batch calls, more compiled shapes
     min_active_rows: int = 8
 
     def __post_init__(self):
@@ -54,7 +55,7 @@ class Buckets:
         return round_up(n, self.min_cache)
 
     def active_rows(self, n: int) -> int:
-        """Padded sub-batch for `n` rows with new tokens."""
+        """Padded sub-batch of a call on `n` rows (a session's batch or more: the call runs on the whole batch)."""
         return round_up(n, self.min_active_rows)
 
     def new_tokens(self, n: int) -> int:

@@ -76,3 +76,13 @@ def test_decode_benchmark_script_finds_its_sibling_module():
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "--new" in done.stdout and "--json" in done.stdout
+
+
+def test_active_rows_benchmark_parses_and_checks_its_arguments():
+    script = str(BENCHMARKS / "active_rows.py")
+    done = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "--min-active-rows" in done.stdout and "--sampled" in done.stdout
+    bad = subprocess.run([sys.executable, script, "--concurrency", "8", "--min-active-rows", "8"], capture_output=True,
+                         text=True, timeout=120)
+    assert bad.returncode == 2 and "--min-active-rows must be in [1, --concurrency); got 8" in bad.stderr

@@ -41,6 +41,32 @@ def test_sharded_sampler_matches_one_device(tiny, to_segments):
     np.testing.assert_allclose(again[0].logprobs, again[2].logprobs, atol=1e-5)
 
 
+def test_calls_on_a_few_rows_of_a_sharded_session_keep_its_sharding(tiny, to_segments):
+    """Sub-batch calls (`Buckets.active_rows`) on the mesh: the same tokens as one device, the cache's sharding kept."""
+    import dataclasses
+
+    mesh = make_mesh(data=2, fsdp=2, tensor=2)
+    buckets = dataclasses.replace(tiny.sampler.buckets, min_batch=8, min_active_rows=2)
+    sharded = Sampler(load(tiny.path, mesh=mesh, sharding_rules="sample"), mesh=mesh, buckets=buckets)
+    single = Sampler(tiny.model, buckets=buckets)
+    prompts = to_segments(tiny_hf.make_batch(tiny.config, [[4, (4, 6), 3], [6], [9]], seed=43))
+    params = [SamplingParams(temperature=1.0, seed=5, max_new_tokens=8), None, None, None, None, None, None,
+              SamplingParams(temperature=0.0, max_new_tokens=8)]
+    expected = NamedSharding(mesh, PartitionSpec(("data", "fsdp"), "tensor", None, None))
+    outs, sessions = [], []
+    for sampler in (sharded, single):
+        session = sampler.new_session(8)
+        sampler.append(session, [prompts[0], None, None, None, None, None, None, prompts[2]])  # 2 of 8 rows
+        outs.append(sampler.generate(session, params))
+        sessions.append(session)
+    assert sharded.compilations["append"] == sharded.compilations["decode"] == 1  # one 2-row program each
+    for cache in sessions[0].caches:
+        assert cache.key.sharding.is_equivalent_to(expected, 4) and cache.value.sharding.is_equivalent_to(expected, 4)
+    for row in (0, 7):
+        np.testing.assert_array_equal(outs[0][row].token_ids, outs[1][row].token_ids, err_msg=f"row {row}")
+        np.testing.assert_allclose(outs[0][row].logprobs, outs[1][row].logprobs, atol=1e-5)
+
+
 def test_errors_name_the_row_count_or_value(tiny):
     sampler, config = tiny.sampler, tiny.config
     session = sampler.new_session(2)

@@ -1,0 +1,108 @@
+"""Sampler calls on the rows that have work (`Buckets.active_rows`) against calls on the whole batch: one held-out
+evaluation each, side by side.
+
+    python benchmarks/active_rows.py [--world DIR --policy CHECKPOINT] [--tasks N] [--concurrency 32]
+                                     [--min-active-rows 8] [--sampled] [--json OUT]
+
+With continuous batching an episode's turn joins the batch as soon as its tool answers, so most append calls carry
+the observations of a few rows and many decode calls run a few rows; on the whole batch each such call costs all
+`--concurrency` rows at the longest row's length. With `min_active_rows` below the batch, a call whose rows fit a
+smaller power of two gathers those rows, runs on them and writes them back. Runs
+`rollout.evaluate.evaluate_checkpoint` with `min_active_rows` = the batch (every call on the whole batch) and with
+`--min-active-rows`, each three times in one process: the first compiles (timed as "cold", into a persistent
+compilation cache of its own), the best of the next two is "warm" (which shapes a run meets depends on the timing
+of its episodes, so a warm run still compiles a few). Prints both walls, the speed-up, the compile seconds, and
+whether the per-task rewards agree (they should: the rows compute the same values). `--sampled` scores the way
+sim-tiny's GRPO actor samples (4 episodes a task, turn 2 decision-sampled, shared trunks). Without `--policy` it
+builds a world and a random `Qwen3VLConfig.tiny()` checkpoint; the sim-tiny run's `sft_policy/` on its held-out
+world is the realistic case.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import jax.monitoring
+
+from ranger_jax import compilation_cache, fileio
+from ranger_jax.env.sim import build
+from ranger_jax.rollout import actor, evaluate, policy
+from ranger_jax.sampling import Buckets
+
+COMPILE_EVENTS = ("/jax/core/compile/backend_compile_duration", "/jax/core/compile/jaxpr_trace_duration",
+                  "/jax/core/compile/jaxpr_to_mlir_module_duration")
+_durations: collections.Counter = collections.Counter()
+jax.monitoring.register_event_duration_secs_listener(
+    lambda event, seconds, **_: _durations.update({event: seconds}) if event in COMPILE_EVENTS else None)
+
+
+def timed_runs(world: Path, checkpoint: Path, cache: Path, *, buckets: Buckets, limit: int | None,
+               concurrency: int, sampled: bool) -> dict:
+    """Three evaluations with `buckets` compiling into `cache`: the first timed as cold, the best other as warm."""
+    options = dict(concurrency=concurrency, limit=limit, buckets=buckets)
+    if sampled:
+        options.update(sampling=policy.SamplingParams(temperature=1.0, draw_below=0.9, max_draws=2),
+                       samples_per_task=4, branch_turns=(2,), sample_turns=1, seed=7)
+    runs = []
+    with compilation_cache.enabled(cache):
+        for _ in range(3):
+            _durations.clear()
+            started = time.perf_counter()
+            result = evaluate.evaluate_checkpoint(world, checkpoint, **options)
+            runs.append({"seconds": round(time.perf_counter() - started, 2),
+                         "compile_s": round(sum(_durations.values()), 2)})
+    warm = min(runs[1:], key=lambda r: r["seconds"])
+    return {"cold": runs[0], "warm": warm, "runs": runs, "reward_mean": result["reward_mean"],
+            "reward_per_task": result["reward_per_task"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--world", help="an existing world (default: build one of --tasks tasks)")
+    parser.add_argument("--policy", help="a checkpoint folder (default: a random tiny one)")
+    parser.add_argument("--tasks", type=int, default=None,
+                        help="tasks to evaluate (default: every task of --world, or a built world of 24)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the built world")
+    parser.add_argument("--concurrency", type=int, default=32, help="episodes in flight (the batch)")
+    parser.add_argument("--min-active-rows", type=int, default=Buckets().min_active_rows,
+                        help="the smallest sub-batch a call on a few rows runs on")
+    parser.add_argument("--sampled", action="store_true", help="score as the GRPO actor samples")
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args()
+    if not 1 <= args.min_active_rows < args.concurrency:
+        parser.error(f"--min-active-rows must be in [1, --concurrency); got {args.min_active_rows}")
+    with tempfile.TemporaryDirectory(prefix="active_rows_") as tmp:
+        tmp = Path(tmp)
+        world = Path(args.world) if args.world else build.build_world(tmp / "world", args.tasks or 24, args.seed)
+        checkpoint = Path(args.policy) if args.policy else actor.write_tiny_checkpoint(
+            tmp / "tiny", actor.default_tokenizer_dir())
+        whole = timed_runs(world, checkpoint, tmp / "cache-whole", buckets=Buckets(min_active_rows=args.concurrency),
+                           limit=args.tasks, concurrency=args.concurrency, sampled=args.sampled)
+        some = timed_runs(world, checkpoint, tmp / "cache-some", buckets=Buckets(min_active_rows=args.min_active_rows),
+                          limit=args.tasks, concurrency=args.concurrency, sampled=args.sampled)
+    same = whole["reward_per_task"] == some["reward_per_task"]
+    out = {"world": str(world) if args.world else None, "policy": args.policy, "concurrency": args.concurrency,
+           "min_active_rows": args.min_active_rows, "sampled": args.sampled, "cpu_count": os.cpu_count(),
+           "num_tasks": len(some["reward_per_task"]), "whole_batch": whole, "active_rows": some,
+           "speedup_warm": round(whole["warm"]["seconds"] / some["warm"]["seconds"], 3),
+           "speedup_cold": round(whole["cold"]["seconds"] / some["cold"]["seconds"], 3), "same_rewards": same}
+    print(f"{out['num_tasks']} tasks, {args.concurrency} rows{' sampled x4' if args.sampled else ''}")
+    for name, r in (("whole batch", whole), (f"active rows (>= {args.min_active_rows})", some)):
+        print(f"  {name:24s} cold {r['cold']['seconds']:7.1f} s (compile {r['cold']['compile_s']:5.1f})   "
+              f"warm {r['warm']['seconds']:7.1f} s (compile {r['warm']['compile_s']:5.1f})   "
+              f"reward {r['reward_mean']:.4f}")
+    print(f"  speed-up: x{out['speedup_warm']:.2f} warm, x{out['speedup_cold']:.2f} cold; "
+          f"per-task rewards {'identical' if same else 'DIFFER'}")
+    if args.json:
+        fileio.write_atomic(args.json, json.dumps(out, indent=2).encode("utf-8"))
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    main()
