@@ -70,7 +70,7 @@ ENV_FILE = "env.toml"
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SimTinyConfig:
-    """Everything the sim-tiny run decides (defaults: 16-27 minutes on 2 CPU cores by the machine, measured; more when
+    """Everything the sim-tiny run decides (defaults: 16-20 minutes on 2 CPU cores by the machine, measured; more when
     SFT needs its extensions)."""
 
     seed: int = 0
