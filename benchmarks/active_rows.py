@@ -30,9 +30,9 @@ from pathlib import Path
 
 import jax.monitoring
 
+import eval_setup  # benchmarks/eval_setup.py, beside this script
 from ranger_jax import compilation_cache, fileio
-from ranger_jax.env.sim import build
-from ranger_jax.rollout import actor, evaluate, policy
+from ranger_jax.rollout import evaluate, policy
 from ranger_jax.sampling import Buckets
 
 COMPILE_EVENTS = ("/jax/core/compile/backend_compile_duration", "/jax/core/compile/jaxpr_trace_duration",
@@ -64,11 +64,7 @@ def timed_runs(world: Path, checkpoint: Path, cache: Path, *, buckets: Buckets, 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--world", help="an existing world (default: build one of --tasks tasks)")
-    parser.add_argument("--policy", help="a checkpoint folder (default: a random tiny one)")
-    parser.add_argument("--tasks", type=int, default=None,
-                        help="tasks to evaluate (default: every task of --world, or a built world of 24)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the built world")
+    eval_setup.add_arguments(parser)
     parser.add_argument("--concurrency", type=int, default=32, help="episodes in flight (the batch)")
     parser.add_argument("--min-active-rows", type=int, default=Buckets().min_active_rows,
                         help="the smallest sub-batch a call on a few rows runs on")
@@ -79,9 +75,7 @@ def main() -> None:
         parser.error(f"--min-active-rows must be in [1, --concurrency); got {args.min_active_rows}")
     with tempfile.TemporaryDirectory(prefix="active_rows_") as tmp:
         tmp = Path(tmp)
-        world = Path(args.world) if args.world else build.build_world(tmp / "world", args.tasks or 24, args.seed)
-        checkpoint = Path(args.policy) if args.policy else actor.write_tiny_checkpoint(
-            tmp / "tiny", actor.default_tokenizer_dir())
+        world, checkpoint = eval_setup.world_and_policy(args, tmp)
         whole = timed_runs(world, checkpoint, tmp / "cache-whole", buckets=Buckets(min_active_rows=args.concurrency),
                            limit=args.tasks, concurrency=args.concurrency, sampled=args.sampled)
         some = timed_runs(world, checkpoint, tmp / "cache-some", buckets=Buckets(min_active_rows=args.min_active_rows),

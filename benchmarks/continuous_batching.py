@@ -21,9 +21,9 @@ import tempfile
 import time
 from pathlib import Path
 
+import eval_setup  # benchmarks/eval_setup.py, beside this script
 from ranger_jax import compilation_cache, fileio
-from ranger_jax.env.sim import build
-from ranger_jax.rollout import actor, evaluate
+from ranger_jax.rollout import evaluate
 
 
 def timed_evaluation(world: Path, checkpoint: Path, *, concurrency: int, chunk_tokens: int | None,
@@ -41,11 +41,7 @@ def timed_evaluation(world: Path, checkpoint: Path, *, concurrency: int, chunk_t
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--world", help="an existing world (default: build one of --tasks tasks)")
-    parser.add_argument("--policy", help="a checkpoint folder (default: a random tiny one)")
-    parser.add_argument("--tasks", type=int, default=None,
-                        help="tasks to evaluate (default: every task of --world, or a built world of 24)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the built world")
+    eval_setup.add_arguments(parser)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--chunk-tokens", type=int, default=32)
     parser.add_argument("--json", help="write the results here")
@@ -54,9 +50,7 @@ def main() -> None:
         parser.error(f"--chunk-tokens must be >= 1; got {args.chunk_tokens}")
 
     workdir = Path(tempfile.mkdtemp(prefix="continuous_batching_"))
-    world = Path(args.world) if args.world else build.build_world(workdir / "world", args.tasks or 24, args.seed)
-    checkpoint = Path(args.policy) if args.policy else actor.write_tiny_checkpoint(
-        workdir / "tiny", actor.default_tokenizer_dir())
+    world, checkpoint = eval_setup.world_and_policy(args, workdir)
     limit = args.tasks
     with compilation_cache.enabled(workdir / "jax_cache"):
         whole = timed_evaluation(world, checkpoint, concurrency=args.concurrency, chunk_tokens=None, limit=limit)

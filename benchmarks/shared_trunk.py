@@ -23,9 +23,9 @@ import tempfile
 import time
 from pathlib import Path
 
+import eval_setup  # benchmarks/eval_setup.py, beside this script
 from ranger_jax import compilation_cache, fileio
-from ranger_jax.env.sim import build
-from ranger_jax.rollout import actor, evaluate, policy
+from ranger_jax.rollout import evaluate, policy
 
 DECISION_SAMPLING = policy.SamplingParams(temperature=1.0, draw_below=0.9, max_draws=2)
 
@@ -46,11 +46,7 @@ def timed_evaluation(world: Path, checkpoint: Path, *, share_trunk: bool, limit:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--world", help="an existing world (default: build one of --tasks tasks)")
-    parser.add_argument("--policy", help="a checkpoint folder (default: a random tiny one)")
-    parser.add_argument("--tasks", type=int, default=None,
-                        help="tasks to evaluate (default: every task of --world, or a built world of 24)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the built world")
+    eval_setup.add_arguments(parser)
     parser.add_argument("--samples", type=int, default=4, help="episodes a task (a GRPO group)")
     parser.add_argument("--branch-turn", type=int, default=2, help="the one sampled turn")
     parser.add_argument("--concurrency", type=int, default=32)
@@ -60,9 +56,7 @@ def main() -> None:
         parser.error(f"sharing needs --samples >= 2 and --branch-turn >= 1; got {args.samples}, {args.branch_turn}")
 
     workdir = Path(tempfile.mkdtemp(prefix="shared_trunk_"))
-    world = Path(args.world) if args.world else build.build_world(workdir / "world", args.tasks or 24, args.seed)
-    checkpoint = Path(args.policy) if args.policy else actor.write_tiny_checkpoint(
-        workdir / "tiny", actor.default_tokenizer_dir())
+    world, checkpoint = eval_setup.world_and_policy(args, workdir)
     options = dict(limit=args.tasks, samples=args.samples, branch_turn=args.branch_turn,
                    concurrency=args.concurrency)
     with compilation_cache.enabled(workdir / "jax_cache"):

@@ -30,7 +30,6 @@ import numpy as np
 from flax import nnx
 
 from ranger_jax.models.qwen3_vl import model as model_lib
-from ranger_jax.models.qwen3_vl import text
 from ranger_jax.sampling import buckets as buckets_lib
 from ranger_jax.sampling import cache as cache_lib
 from ranger_jax.sampling import steps
@@ -214,9 +213,7 @@ class Sampler:
 
     def _gather_rows(self, rows_state, source):
         self._count("fork_rows", rows_state[1].shape, rows_state[0][0].key.shape[2])
-        caches, lengths, next_positions, last_logits = rows_state
-        caches = steps.pin_caches(tuple(text.KVCache(key=c.key[source], value=c.value[source]) for c in caches))
-        return caches, lengths[source], next_positions[source], last_logits[source]
+        return steps.take_rows(rows_state, source)
 
     # ----- sessions -------------------------------------------------------------------------------------------------
 

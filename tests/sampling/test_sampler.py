@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
@@ -9,7 +11,7 @@ import torch
 from support import tiny_hf
 
 from ranger_jax.models.qwen3_vl import get_rope_index, load
-from ranger_jax.sampling import FINISH_LENGTH, FINISH_STOP, SamplingParams, Segment, steps
+from ranger_jax.sampling import FINISH_LENGTH, FINISH_STOP, Sampler, SamplingParams, Segment, steps
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=12)
 
@@ -252,10 +254,6 @@ def test_calls_on_a_few_rows_run_on_those_rows_alone_with_the_same_results(tiny,
     """An append or generate whose rows fit a smaller bucket (`Buckets.active_rows`) gathers those rows, runs on
     them and writes them back: tokens, log-probs, draws, rope deltas and every row's cache and logits equal the
     whole-batch calls' (the other rows untouched), over appends with images, forks and sampled turns."""
-    import dataclasses
-
-    from ranger_jax.sampling import Sampler
-
     whole = Sampler(tiny.model, buckets=dataclasses.replace(tiny.sampler.buckets, min_batch=8, min_active_rows=8))
     some = Sampler(tiny.model, buckets=dataclasses.replace(tiny.sampler.buckets, min_batch=8, min_active_rows=2))
     config = tiny.config

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
@@ -43,8 +45,6 @@ def test_sharded_sampler_matches_one_device(tiny, to_segments):
 
 def test_calls_on_a_few_rows_of_a_sharded_session_keep_its_sharding(tiny, to_segments):
     """Sub-batch calls (`Buckets.active_rows`) on the mesh: the same tokens as one device, the cache's sharding kept."""
-    import dataclasses
-
     mesh = make_mesh(data=2, fsdp=2, tensor=2)
     buckets = dataclasses.replace(tiny.sampler.buckets, min_batch=8, min_active_rows=2)
     sharded = Sampler(load(tiny.path, mesh=mesh, sharding_rules="sample"), mesh=mesh, buckets=buckets)
