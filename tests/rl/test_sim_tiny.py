@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from ranger_jax import process_pool
 from ranger_jax.data import shards
 from ranger_jax.models import qwen3_vl
 from ranger_jax.rl import diagnostics, sim_tiny, tiny_policy
@@ -293,6 +294,37 @@ def test_blind_config_blanks_the_teacher_tokens(tmp_path):
     text = tokenizer.decode(list(record.token_ids))
     assert "search result for" not in text and not record.images  # the policy never saw what tools returned
     assert "<tool_call>" in text
+
+
+def _untimed(trajectory):
+    """A trajectory without its wall-clock measurements (what differs between two plays of one episode)."""
+    turns = [{k: v for k, v in turn.items() if not k.endswith("_s")} for turn in trajectory.metadata.get("turns", [])]
+    return dataclasses.replace(trajectory, timings={}, metadata={**trajectory.metadata, "turns": turns})
+
+
+def _files(folder):
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_worker_processes_build_and_record_what_one_process_does(tmp_path):
+    config = sim_tiny.SimTinyConfig(sft_worlds=3, tasks_per_world=2, grpo_tasks=3, eval_tasks=2, progress=False,
+                                    size=MICRO.size, teacher_min_reward=0.5)
+    made = {}
+    for workers in (1, 2):
+        root, run_config = tmp_path / f"workers{workers}", dataclasses.replace(config, workers=workers)
+        with process_pool.JobPool(workers) as pool:
+            worlds = sim_tiny.build_worlds(run_config, root / "worlds", pool=pool)
+            tokenizer = sim_tiny.train_tokenizer(run_config, worlds["sft"], root / "tok", pool=pool)
+            stats = sim_tiny.record_teacher(run_config, worlds["sft"], tokenizer, root / "data", pool=pool)
+        made[workers] = (_files(root / "worlds"), _files(root / "tok"), stats, _records(root / "data"))
+    (worlds_one, tok_one, stats_one, records_one), (worlds_two, tok_two, stats_two, records_two) = made[1], made[2]
+    assert worlds_one == worlds_two and len(worlds_one) > 5  # byte for byte
+    assert tok_one == tok_two
+    assert stats_one == stats_two and stats_one["teacher_episodes"] == 6
+    assert len(records_one) == stats_one["teacher_kept"] > 0
+    assert [_untimed(t) for t in records_one] == [_untimed(t) for t in records_two]  # in task order
+    with pytest.raises(ValueError, match="workers must be an int >= 0"):
+        sim_tiny.SimTinyConfig(workers=-2)
 
 
 def test_sft_recipe_trains_and_resumes_from_the_run_outputs(run, tmp_path, capsys):
