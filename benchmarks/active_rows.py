@@ -21,45 +21,14 @@ world is the realistic case.
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import os
 import tempfile
-import time
 from pathlib import Path
 
-import jax.monitoring
-
 import eval_setup  # benchmarks/eval_setup.py, beside this script
-from ranger_jax import compilation_cache, fileio
-from ranger_jax.rollout import evaluate, policy
+from ranger_jax import fileio
 from ranger_jax.sampling import Buckets
-
-COMPILE_EVENTS = ("/jax/core/compile/backend_compile_duration", "/jax/core/compile/jaxpr_trace_duration",
-                  "/jax/core/compile/jaxpr_to_mlir_module_duration")
-_durations: collections.Counter = collections.Counter()
-jax.monitoring.register_event_duration_secs_listener(
-    lambda event, seconds, **_: _durations.update({event: seconds}) if event in COMPILE_EVENTS else None)
-
-
-def timed_runs(world: Path, checkpoint: Path, cache: Path, *, buckets: Buckets, limit: int | None,
-               concurrency: int, sampled: bool) -> dict:
-    """Three evaluations with `buckets` compiling into `cache`: the first timed as cold, the best other as warm."""
-    options = dict(concurrency=concurrency, limit=limit, buckets=buckets)
-    if sampled:
-        options.update(sampling=policy.SamplingParams(temperature=1.0, draw_below=0.9, max_draws=2),
-                       samples_per_task=4, branch_turns=(2,), sample_turns=1, seed=7)
-    runs = []
-    with compilation_cache.enabled(cache):
-        for _ in range(3):
-            _durations.clear()
-            started = time.perf_counter()
-            result = evaluate.evaluate_checkpoint(world, checkpoint, **options)
-            runs.append({"seconds": round(time.perf_counter() - started, 2),
-                         "compile_s": round(sum(_durations.values()), 2)})
-    warm = min(runs[1:], key=lambda r: r["seconds"])
-    return {"cold": runs[0], "warm": warm, "runs": runs, "reward_mean": result["reward_mean"],
-            "reward_per_task": result["reward_per_task"]}
 
 
 def main() -> None:
@@ -76,10 +45,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="active_rows_") as tmp:
         tmp = Path(tmp)
         world, checkpoint = eval_setup.world_and_policy(args, tmp)
-        whole = timed_runs(world, checkpoint, tmp / "cache-whole", buckets=Buckets(min_active_rows=args.concurrency),
-                           limit=args.tasks, concurrency=args.concurrency, sampled=args.sampled)
-        some = timed_runs(world, checkpoint, tmp / "cache-some", buckets=Buckets(min_active_rows=args.min_active_rows),
-                          limit=args.tasks, concurrency=args.concurrency, sampled=args.sampled)
+        whole = eval_setup.timed_runs(world, checkpoint, tmp / "cache-whole",
+                                      buckets=Buckets(min_active_rows=args.concurrency), limit=args.tasks,
+                                      concurrency=args.concurrency, sampled=args.sampled)
+        some = eval_setup.timed_runs(world, checkpoint, tmp / "cache-some",
+                                     buckets=Buckets(min_active_rows=args.min_active_rows), limit=args.tasks,
+                                     concurrency=args.concurrency, sampled=args.sampled)
     same = whole["reward_per_task"] == some["reward_per_task"]
     out = {"world": str(world) if args.world else None, "policy": args.policy, "concurrency": args.concurrency,
            "min_active_rows": args.min_active_rows, "sampled": args.sampled, "cpu_count": os.cpu_count(),

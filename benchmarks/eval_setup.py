@@ -1,16 +1,23 @@
 """The world and policy of the evaluation benchmarks beside it (`shared_trunk.py`, `continuous_batching.py`,
-`active_rows.py`), which import it as the sibling module `eval_setup` (a script's own folder is first on
-`sys.path`): `--world` and `--policy` name an existing world and checkpoint; without them a world of `--tasks`
-tasks is built from `--seed` and a random `Qwen3VLConfig.tiny()` checkpoint written, both in a work folder.
+`active_rows.py`, `fit_images.py`), which import it as the sibling module `eval_setup` (a script's own folder is
+first on `sys.path`): `--world` and `--policy` name an existing world and checkpoint; without them a world of
+`--tasks` tasks is built from `--seed` and a random `Qwen3VLConfig.tiny()` checkpoint written, both in a work
+folder. `timed_runs` times repeated evaluations, the first compiling from nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import time
 from pathlib import Path
 
+import jax.monitoring
+
+from ranger_jax import compilation_cache
 from ranger_jax.env.sim import build
-from ranger_jax.rollout import actor
+from ranger_jax.rollout import actor, evaluate, policy
+from ranger_jax.sampling import Buckets
 
 BUILT_TASKS = 24  # tasks of a built world
 
@@ -31,3 +38,43 @@ def world_and_policy(args: argparse.Namespace, workdir: Path) -> tuple[Path, Pat
     checkpoint = Path(args.policy) if args.policy else actor.write_tiny_checkpoint(
         workdir / "tiny", actor.default_tokenizer_dir())
     return world, checkpoint
+
+
+COMPILE_EVENTS = ("/jax/core/compile/backend_compile_duration", "/jax/core/compile/jaxpr_trace_duration",
+                  "/jax/core/compile/jaxpr_to_mlir_module_duration")
+_durations: collections.Counter = collections.Counter()
+_programs: collections.Counter = collections.Counter()
+
+
+def _listen(event: str, seconds: float, **_) -> None:
+    if event in COMPILE_EVENTS:
+        _durations[event] += seconds
+    if event == COMPILE_EVENTS[0]:
+        _programs["compiled"] += 1
+
+
+jax.monitoring.register_event_duration_secs_listener(_listen)
+
+
+def timed_runs(world: Path, checkpoint: Path, cache: Path, *, buckets: Buckets, limit: int | None,
+               concurrency: int, sampled: bool, runs: int = 3) -> dict:
+    """`runs` evaluations with `buckets` compiling into `cache` (a persistent compilation cache of their own): the
+    first timed as cold, the best other as warm (which shapes a run meets depends on the timing of its episodes,
+    so a warm run may still compile a few). Each run's seconds, compile seconds and programs compiled by XLA.
+    `sampled` scores as sim-tiny's GRPO actor samples (4 episodes a task, turn 2 decision-sampled)."""
+    options = dict(concurrency=concurrency, limit=limit, buckets=buckets)
+    if sampled:
+        options.update(sampling=policy.SamplingParams(temperature=1.0, draw_below=0.9, max_draws=2),
+                       samples_per_task=4, branch_turns=(2,), sample_turns=1, seed=7)
+    timings = []
+    with compilation_cache.enabled(cache):
+        for _ in range(runs):
+            _durations.clear()
+            _programs.clear()
+            started = time.perf_counter()
+            result = evaluate.evaluate_checkpoint(world, checkpoint, **options)
+            timings.append({"seconds": round(time.perf_counter() - started, 2),
+                            "compile_s": round(sum(_durations.values()), 2), "programs": _programs["compiled"]})
+    warm = min(timings[1:], key=lambda r: r["seconds"]) if runs > 1 else None
+    return {"cold": timings[0], "warm": warm, "runs": timings, "reward_mean": result["reward_mean"],
+            "reward_per_task": result["reward_per_task"]}

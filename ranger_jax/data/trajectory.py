@@ -228,6 +228,15 @@ class Trajectory:
                 return False
         return True
 
+    def without_timings(self) -> "Trajectory":
+        """This trajectory without its wall-clock measurements (`timings`, and the `*_s` entries of the per-turn
+        records in `metadata["turns"]`): two plays of one episode compare equal this way."""
+        metadata = dict(self.metadata)
+        if isinstance(metadata.get("turns"), (list, tuple)):
+            metadata["turns"] = [{k: v for k, v in turn.items() if not k.endswith("_s")} if isinstance(turn, Mapping)
+                                 else turn for turn in metadata["turns"]]
+        return dataclasses.replace(self, timings={}, metadata=metadata)
+
     @property
     def num_tokens(self) -> int:
         """Length of the token sequence (T)."""

@@ -4,7 +4,8 @@ Batch, appended tokens per row, KV-cache slots, vision patches, images per call,
 per row and the rows a call works on each round up to `max(minimum, 2**ceil(log2(n)))`, so steady-state decoding
 reuses a handful of compiled programs instead of compiling for every new length. Image patches round to a multiple
 of `spatial_merge_size**2` times a power of two, and the padding patches become one extra dummy image so the vision
-tower never mixes them into a real image.
+tower never mixes them into a real image. The decoder's append sees the image features and grids fitted to the call's
+rows x tokens (`fit_grids`, `steps.fit_image_features`), so only the vision tower's programs depend on the images.
 """
 
 from __future__ import annotations
@@ -35,11 +36,18 @@ class Buckets:
     # gathered into a sub-batch of at least this many rows (a power of two); the others are untouched. Measured on
     # sim-tiny's evaluation (32 rows, 2 CPU cores): ~1/3 less compute than whole-batch calls, more compiled shapes
     min_active_rows: int = 8
+    # the decoder's append sees a call's image features and grids fitted to its rows x tokens (`fit_grids`,
+    # `steps.fit_image_features`; exact), so its programs do not multiply by image counts and sizes. False: each
+    # keeps its own bucket sizes (one append program per image bucket too; for comparison, benchmarks/fit_images.py)
+    fit_images: bool = True
 
     def __post_init__(self):
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
-            if not isinstance(value, int) or value < 1:
+            if field.name == "fit_images":
+                if not isinstance(value, bool):
+                    raise ValueError(f"Buckets.fit_images must be a bool, got {value!r}")
+            elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"Buckets.{field.name} must be a positive int, got {value!r}")
 
     def batch(self, n: int) -> int:
@@ -105,3 +113,23 @@ def pad_images(pixel_values: np.ndarray, grid_thw: np.ndarray, *, num_patches: i
     if spare:
         grid[count] = (1, merge, spare // merge)
     return padded, grid
+
+
+def fit_grids(grid_thw: np.ndarray, rows: int, *, merge: int) -> np.ndarray:
+    """A padded grid list with exactly `rows` entries: (1, merge, merge) entries appended, or trailing ones cut.
+
+    MRoPE positions take a call's grids in order, one per run of placeholders, so only the first (real) entries
+    are read; a call of B·T tokens has at most B·T / 3 images (each is at least a vision start, one placeholder
+    and a vision end), so `rows = B·T` keeps them all and the append program's shape no longer depends on the
+    image count.
+
+    Args:
+        grid_thw: [n, 3] int grids, the real ones first.
+        rows: entries wanted, at least the real count.
+        merge: spatial_merge_size.
+    """
+    grid_thw = np.asarray(grid_thw, np.int32).reshape(-1, 3)
+    if len(grid_thw) >= rows:
+        return grid_thw[:rows]
+    extra = np.tile(np.asarray([[1, merge, merge]], np.int32), (rows - len(grid_thw), 1))
+    return np.concatenate([grid_thw, extra])

@@ -135,6 +135,7 @@ class Sampler:
         self.graphdef, self.state = nnx.split(model)
         self._traces: collections.Counter[str] = collections.Counter()
         self._encode = jax.jit(self._encode_images)
+        self._fit = jax.jit(steps.fit_image_features, static_argnames=("rows",))  # a pad or slice: not counted
         self._append = jax.jit(self._append_tokens, donate_argnums=(1,))
         self._append_some = jax.jit(self._append_rows, donate_argnums=(1,))
         self._decode = jax.jit(self._decode_tokens, static_argnames=("num_steps",), donate_argnums=(1,))
@@ -291,6 +292,12 @@ class Sampler:
                     pixel_values, grids, num_patches=self.buckets.patches(len(pixel_values), merge),
                     num_images=self.buckets.images(len(grids) + 1), merge=merge)
                 image_embeds, deepstack = self._encode(self.state, pixel_values, grid)
+                if self.buckets.fit_images:
+                    # the append program then depends on the call's rows x tokens, not on its images (exact: a
+                    # call holds at most that many placeholders, and they read the features and grids in order)
+                    placeholders = len(call_rows) * length
+                    image_embeds, deepstack = self._fit(image_embeds, deepstack, rows=placeholders)
+                    grid = buckets_lib.fit_grids(grid, placeholders, merge=merge)
             state = (session.caches, session.lengths, session.next_positions, session.last_logits)
             if index is None:
                 caches, lengths, next_positions, last_logits = self._append(

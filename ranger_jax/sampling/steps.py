@@ -44,6 +44,27 @@ def put_rows(state: tuple, index: jax.Array, rows: tuple) -> tuple:
             last_logits.at[index].set(row_logits))
 
 
+def fit_image_features(image_embeds: jax.Array, deepstack: jax.Array | None, *,
+                       rows: int) -> tuple[jax.Array, jax.Array | None]:
+    """Image features with exactly `rows` rows: zero rows appended, or padding rows cut.
+
+    A call's placeholders take the features in order (`merge_image_features` gathers row k for the k-th
+    placeholder), and a call of B rows by T tokens holds at most B·T placeholders, so with `rows = B·T` every
+    real feature stays where it is and the append program's shape no longer depends on the images' sizes.
+
+    Args:
+        image_embeds: [M, D] features, real rows first.
+        deepstack: [L_ds, M, D] or None.
+        rows: the row count wanted, at least the real feature rows.
+    """
+    count = image_embeds.shape[0]
+    if count >= rows:
+        return image_embeds[:rows], None if deepstack is None else deepstack[:, :rows]
+    pad = rows - count
+    image_embeds = jnp.pad(image_embeds, ((0, pad), (0, 0)))
+    return image_embeds, None if deepstack is None else jnp.pad(deepstack, ((0, 0), (0, pad), (0, 0)))
+
+
 def append_positions(input_ids: jax.Array, grid_thw: jax.Array | None, num_new: jax.Array,
                      next_positions: jax.Array, *, image_token_id: int,
                      spatial_merge_size: int) -> tuple[jax.Array, jax.Array]:

@@ -86,3 +86,12 @@ def test_active_rows_benchmark_parses_and_checks_its_arguments():
     bad = subprocess.run([sys.executable, script, "--concurrency", "8", "--min-active-rows", "8"], capture_output=True,
                          text=True, timeout=120)
     assert bad.returncode == 2 and "--min-active-rows must be in [1, --concurrency); got 8" in bad.stderr
+
+
+def test_worker_stages_benchmark_parses_and_checks_its_arguments():
+    script = str(BENCHMARKS / "worker_stages.py")
+    done = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "--workers" in done.stdout and "--sft-worlds" in done.stdout
+    bad = subprocess.run([sys.executable, script, "--workers", "-1"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--workers must be >= 0" in bad.stderr

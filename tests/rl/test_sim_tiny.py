@@ -296,12 +296,6 @@ def test_blind_config_blanks_the_teacher_tokens(tmp_path):
     assert "<tool_call>" in text
 
 
-def _untimed(trajectory):
-    """A trajectory without its wall-clock measurements (what differs between two plays of one episode)."""
-    turns = [{k: v for k, v in turn.items() if not k.endswith("_s")} for turn in trajectory.metadata.get("turns", [])]
-    return dataclasses.replace(trajectory, timings={}, metadata={**trajectory.metadata, "turns": turns})
-
-
 def _files(folder):
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
@@ -322,7 +316,7 @@ def test_worker_processes_build_and_record_what_one_process_does(tmp_path):
     assert tok_one == tok_two
     assert stats_one == stats_two and stats_one["teacher_episodes"] == 6
     assert len(records_one) == stats_one["teacher_kept"] > 0
-    assert [_untimed(t) for t in records_one] == [_untimed(t) for t in records_two]  # in task order
+    assert [t.without_timings() for t in records_one] == [t.without_timings() for t in records_two]
     with pytest.raises(ValueError, match="workers must be an int >= 0"):
         sim_tiny.SimTinyConfig(workers=-2)
 

@@ -1,10 +1,13 @@
-"""Shape buckets: rounding up, patch buckets per image count, and padding of pixel rows and grids."""
+"""Shape buckets: rounding up, patch buckets per image count, padding of pixel rows and grids, and fitting
+image features and grids to a call."""
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
+import pytest
 
-from ranger_jax.sampling import buckets
+from ranger_jax.sampling import buckets, steps
 
 
 def test_bucket_sizes():
@@ -15,3 +18,23 @@ def test_bucket_sizes():
                                       num_images=4, merge=2)
     assert pixels.shape == (64, 5) and not pixels[24:].any()
     np.testing.assert_array_equal(grid, [[1, 4, 6], [1, 2, 20], [1, 2, 2], [1, 2, 2]])
+
+
+def test_image_features_and_grids_fit_the_call():
+    """Fitted to a call's rows x tokens: padded with rows no placeholder reads, or cut past the real ones."""
+    grid = np.array([[1, 4, 6], [1, 2, 20], [1, 2, 2], [1, 2, 2]])
+    np.testing.assert_array_equal(buckets.fit_grids(grid, 6, merge=2), [*grid, [1, 2, 2], [1, 2, 2]])
+    np.testing.assert_array_equal(buckets.fit_grids(grid, 2, merge=2), grid[:2])
+    embeds, deepstack = jnp.arange(12.0).reshape(4, 3), jnp.arange(24.0).reshape(2, 4, 3)
+    grown, grown_deep = steps.fit_image_features(embeds, deepstack, rows=6)
+    assert grown.shape == (6, 3) and grown_deep.shape == (2, 6, 3)
+    np.testing.assert_array_equal(grown[:4], embeds)
+    np.testing.assert_array_equal(grown_deep[:, :4], deepstack)
+    assert not np.asarray(grown[4:]).any() and not np.asarray(grown_deep[:, 4:]).any()
+    cut, none = steps.fit_image_features(embeds, None, rows=3)
+    np.testing.assert_array_equal(cut, embeds[:3])
+    assert none is None
+    with pytest.raises(ValueError, match="Buckets.fit_images must be a bool, got 1"):
+        buckets.Buckets(fit_images=1)
+    with pytest.raises(ValueError, match="Buckets.min_images must be a positive int, got True"):
+        buckets.Buckets(min_images=True)

@@ -139,6 +139,22 @@ def test_steady_state_does_not_recompile(tiny, to_segments):
     assert sampler.num_compilations == sum(sampler.compilations.values())
 
 
+def test_append_programs_do_not_depend_on_the_images(tiny, to_segments):
+    """The decoder's append sees image features and grids fitted to the call's rows x tokens: appends with other
+    image counts and sizes in the same row and length buckets reuse one program (the vision tower compiles per
+    image shape), and each batch still matches transformers' `generate`."""
+    sampler = Sampler(tiny.model, buckets=dataclasses.replace(tiny.sampler.buckets, min_images=2, min_patches=4))
+    batches = [[[2, (2, 2), 3], [6]], [[1, (4, 6), 1, (2, 4), 2], [2, (4, 4), 1]], [[9], [1, (6, 6), 1]]]
+    for seed, rows in enumerate(batches):
+        batch = tiny_hf.make_batch(tiny.config, rows, padding_side="left", seed=50 + seed)
+        ref_tokens, ref_logprobs = _hf_greedy(tiny.hf, batch, GREEDY.max_new_tokens, tiny.vision_ids)
+        for row, completion in enumerate(sampler.complete(to_segments(batch), GREEDY)):
+            np.testing.assert_array_equal(completion.token_ids, ref_tokens[row], err_msg=f"batch {seed} row {row}")
+            assert np.abs(completion.logprobs - ref_logprobs[row]).max() <= 1e-4
+    assert sampler.compilations["append"] == 1  # 1 to 3 images of 1 to 9 merged tokens each: one program
+    assert sampler.compilations["encode_images"] == 3
+
+
 def test_vision_ids_are_never_sampled(tiny):
     """With a head that makes vision placeholders the most likely ids, the sampler still picks text ids."""
     sampler = tiny.sampler
