@@ -1,6 +1,6 @@
 """Presets of the GRPO main job (`recipes/grpo_savanna.py --preset NAME`) and their checks.
 
-- `sim-tiny`: the whole method on 2 CPU cores in 16-20 minutes, by the machine (`rl.sim_tiny`;
+- `sim-tiny`: the whole method on 2 CPU cores in 12-20 minutes, by the machine (`rl.sim_tiny`;
   longer when SFT needs its extensions).
 - `savanna-8b-tpu`, `savanna-8b-gpu`: GRPO of Qwen3-VL-8B (after SFT, e.g. Gen-Searcher-SFT-8B or
   `recipes/sft_ranger.py`) on the live web with Gen-Searcher's hyperparameters: G = 6 samples for 8 prompts a step,

@@ -4,7 +4,8 @@ Stages (each with a progress bar), all under one output folder:
 
 1. **Worlds.** Offline worlds from seeds derived from `seed`: several for SFT data, one for GRPO, and one held out
    for evaluation (a seed no training world uses: worlds draw their entity families first, so a smaller world of
-   a training seed would share targets with it).
+   a training seed would share targets with it). Stages 1-2 are pure Python and run on `workers` processes, one
+   job per world, with the same outputs as one process.
 2. **Teacher data.** A scripted teacher that perceives only through tools (`env.sim.finder_agent.SnippetAgent`)
    plays the SFT worlds; its texts train the policy's compact tokenizer, then its episodes are recorded
    token-exactly as trajectory shards.
@@ -69,8 +70,8 @@ ENV_FILE = "env.toml"
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SimTinyConfig:
-    """Everything the sim-tiny run decides (defaults: 16-20 minutes on 2 CPU cores by the machine, measured; more when
-    SFT needs its extensions)."""
+    """Everything the sim-tiny run decides (defaults: 12-20 minutes on 2 CPU cores by the machine and its day,
+    measured; more when SFT needs its extensions)."""
 
     seed: int = 0
     # worlds
