@@ -1,5 +1,5 @@
-"""Append programs independent of the images (`Buckets.fit_images`) against one program per image bucket: a held-out
-evaluation compiled from nothing, side by side.
+"""Append programs independent of the images (`Buckets.fit_images_up_to`) against one program per image bucket: a
+held-out evaluation compiled from nothing, side by side.
 
     python benchmarks/fit_images.py [--world DIR --policy CHECKPOINT] [--tasks N] [--concurrency 32] [--sampled]
                                     [--json OUT]
@@ -8,7 +8,8 @@ An append call's program used to be keyed on its rows, tokens and cache slots an
 and image count (each rounded to a power of two), so a run met several times more append programs than
 (rows, tokens, slots) shapes and compiled each. With `fit_images` the image features and grids are fitted to the
 call's rows x tokens before the append (exact: the placeholders read them in order), so only the vision tower's
-small programs depend on the images. Runs `rollout.evaluate.evaluate_checkpoint` twice per setting, each setting
+small programs depend on the images (for calls of up to `fit_images_up_to` rows x tokens, 16384 by default:
+every call of sim-tiny's 32-row evaluation). Runs `rollout.evaluate.evaluate_checkpoint` twice per setting, each setting
 with a persistent compilation cache of its own (a short evaluation first absorbs the process's one-time costs): the
 first run is cold (compiles everything), the second warm. Prints walls, compile seconds, programs compiled and
 whether the per-task rewards agree (they must). Without `--policy` it builds a world and a random
@@ -43,7 +44,7 @@ def main() -> None:
         world, checkpoint = eval_setup.world_and_policy(args, tmp)
         eval_setup.timed_runs(world, checkpoint, tmp / "cache-first", buckets=Buckets(), limit=2,
                               concurrency=args.concurrency, sampled=args.sampled, runs=1)
-        per_bucket = eval_setup.timed_runs(world, checkpoint, tmp / "cache-off", buckets=Buckets(fit_images=False),
+        per_bucket = eval_setup.timed_runs(world, checkpoint, tmp / "cache-off", buckets=Buckets(fit_images_up_to=0),
                                            **options)
         fitted = eval_setup.timed_runs(world, checkpoint, tmp / "cache-on", buckets=Buckets(), **options)
     same = per_bucket["reward_per_task"] == fitted["reward_per_task"]

@@ -5,7 +5,8 @@ per row and the rows a call works on each round up to `max(minimum, 2**ceil(log2
 reuses a handful of compiled programs instead of compiling for every new length. Image patches round to a multiple
 of `spatial_merge_size**2` times a power of two, and the padding patches become one extra dummy image so the vision
 tower never mixes them into a real image. The decoder's append sees the image features and grids fitted to the call's
-rows x tokens (`fit_grids`, `steps.fit_image_features`), so only the vision tower's programs depend on the images.
+rows x tokens (`fit_grids`, `steps.fit_image_features`; up to `fit_images_up_to` of them), so only the vision tower's
+programs depend on the images.
 """
 
 from __future__ import annotations
@@ -36,19 +37,24 @@ class Buckets:
     # gathered into a sub-batch of at least this many rows (a power of two); the others are untouched. Measured on
     # sim-tiny's evaluation (32 rows, 2 CPU cores): ~1/3 less compute than whole-batch calls, more compiled shapes
     min_active_rows: int = 8
-    # the decoder's append sees a call's image features and grids fitted to its rows x tokens (`fit_grids`,
-    # `steps.fit_image_features`; exact), so its programs do not multiply by image counts and sizes. False: each
-    # keeps its own bucket sizes (one append program per image bucket too; for comparison, benchmarks/fit_images.py)
-    fit_images: bool = True
+    # an append call of at most this many rows x tokens sees its image features and grids fitted to rows x tokens
+    # (`fit_grids`, `steps.fit_image_features`; exact), so its programs do not multiply by image counts and sizes;
+    # a larger call keeps the features' own buckets (fitted, its features would take rows x tokens x hidden x (1 +
+    # DeepStack layers) values: 512 MB at 16k for Qwen3-VL-8B in bf16). 0: never (benchmarks/fit_images.py compares)
+    fit_images_up_to: int = 16384
 
     def __post_init__(self):
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
-            if field.name == "fit_images":
-                if not isinstance(value, bool):
-                    raise ValueError(f"Buckets.fit_images must be a bool, got {value!r}")
+            if field.name == "fit_images_up_to":
+                if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                    raise ValueError(f"Buckets.fit_images_up_to must be an int >= 0, got {value!r}")
             elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"Buckets.{field.name} must be a positive int, got {value!r}")
+
+    def fits_images(self, rows: int, length: int) -> bool:
+        """Whether an append of `rows` x `length` tokens gets its image features fitted to rows x length."""
+        return rows * length <= self.fit_images_up_to
 
     def batch(self, n: int) -> int:
         """Padded batch size (rows B) for `n` rows."""

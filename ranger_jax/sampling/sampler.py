@@ -292,7 +292,7 @@ class Sampler:
                     pixel_values, grids, num_patches=self.buckets.patches(len(pixel_values), merge),
                     num_images=self.buckets.images(len(grids) + 1), merge=merge)
                 image_embeds, deepstack = self._encode(self.state, pixel_values, grid)
-                if self.buckets.fit_images:
+                if self.buckets.fits_images(len(call_rows), length):
                     # the append program then depends on the call's rows x tokens, not on its images (exact: a
                     # call holds at most that many placeholders, and they read the features and grids in order)
                     placeholders = len(call_rows) * length

@@ -34,7 +34,9 @@ def test_image_features_and_grids_fit_the_call():
     cut, none = steps.fit_image_features(embeds, None, rows=3)
     np.testing.assert_array_equal(cut, embeds[:3])
     assert none is None
-    with pytest.raises(ValueError, match="Buckets.fit_images must be a bool, got 1"):
-        buckets.Buckets(fit_images=1)
+    assert buckets.Buckets().fits_images(32, 512) and not buckets.Buckets().fits_images(32, 1024)
+    assert not buckets.Buckets(fit_images_up_to=0).fits_images(1, 1)
+    with pytest.raises(ValueError, match="Buckets.fit_images_up_to must be an int >= 0, got -1"):
+        buckets.Buckets(fit_images_up_to=-1)
     with pytest.raises(ValueError, match="Buckets.min_images must be a positive int, got True"):
         buckets.Buckets(min_images=True)

@@ -139,11 +139,13 @@ def test_steady_state_does_not_recompile(tiny, to_segments):
     assert sampler.num_compilations == sum(sampler.compilations.values())
 
 
-def test_append_programs_do_not_depend_on_the_images(tiny, to_segments):
+@pytest.mark.parametrize("fit_up_to, appends", [(16384, 1), (0, 3)], ids=["fitted", "per-image-bucket"])
+def test_append_programs_do_not_depend_on_the_images(tiny, to_segments, fit_up_to, appends):
     """The decoder's append sees image features and grids fitted to the call's rows x tokens: appends with other
     image counts and sizes in the same row and length buckets reuse one program (the vision tower compiles per
-    image shape), and each batch still matches transformers' `generate`."""
-    sampler = Sampler(tiny.model, buckets=dataclasses.replace(tiny.sampler.buckets, min_images=2, min_patches=4))
+    image shape), where the features' own buckets needed three; both match transformers' `generate`."""
+    buckets = dataclasses.replace(tiny.sampler.buckets, min_images=2, min_patches=4, fit_images_up_to=fit_up_to)
+    sampler = Sampler(tiny.model, buckets=buckets)
     batches = [[[2, (2, 2), 3], [6]], [[1, (4, 6), 1, (2, 4), 2], [2, (4, 4), 1]], [[9], [1, (6, 6), 1]]]
     for seed, rows in enumerate(batches):
         batch = tiny_hf.make_batch(tiny.config, rows, padding_side="left", seed=50 + seed)
@@ -151,7 +153,7 @@ def test_append_programs_do_not_depend_on_the_images(tiny, to_segments):
         for row, completion in enumerate(sampler.complete(to_segments(batch), GREEDY)):
             np.testing.assert_array_equal(completion.token_ids, ref_tokens[row], err_msg=f"batch {seed} row {row}")
             assert np.abs(completion.logprobs - ref_logprobs[row]).max() <= 1e-4
-    assert sampler.compilations["append"] == 1  # 1 to 3 images of 1 to 9 merged tokens each: one program
+    assert sampler.compilations["append"] == appends  # 1 to 3 images of 1 to 9 merged tokens each
     assert sampler.compilations["encode_images"] == 3
 
 
