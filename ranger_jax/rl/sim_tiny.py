@@ -66,6 +66,9 @@ FIRST_TURN_BATCH = 16  # rows of the first-turn stage (~100 tokens each)
 FIRST_TURN_EXTENSION = 100  # steps the last pre-SFT attempt's first-turn stage goes on by while above the target
 PRE_SFT_RESEED = 1000  # pre-SFT attempt k initialises and draws its batches with seed + k·PRE_SFT_RESEED
 ENV_FILE = "env.toml"
+# runs with fewer world tasks than this build and play them in this process: starting a worker process costs ~2 s
+# (it imports the library), as much as ~50 tasks' work
+MIN_TASKS_FOR_WORKERS = 100
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -192,7 +195,8 @@ class SimTinyConfig:
     progress: bool = True
     # processes for the pure-Python stages (building the worlds, the teacher's episodes), one job per world; 0: one
     # per usable core (at most 8), 1: this process alone. The outputs are the same whatever the count: each job's
-    # results are consumed in the worlds' order. Measured on 2 cores (docs/sim_tiny.md): ~60 s -> ~35 s
+    # results are consumed in the worlds' order. Measured on 2 cores (docs/sim_tiny.md): ~55 s -> ~33 s. A run of
+    # fewer than MIN_TASKS_FOR_WORKERS world tasks uses this process alone (`stage_workers`)
     workers: int = 0
     # JAX's persistent compilation cache in OUT/jax_cache (`ranger_jax.compilation_cache`): the actor and the
     # evaluations load the sampler programs compiled before them instead of compiling them again, and a rerun of the
@@ -379,6 +383,12 @@ def _world_version(folder: Path) -> int | None:
     return int(json.loads(path.read_text("utf-8")).get("world_version", 1))
 
 
+def stage_workers(config: SimTinyConfig) -> int:
+    """Processes for the pure-Python stages: `config.workers`, or 1 for a run too small to pay for starting them."""
+    tasks = config.sft_worlds * config.tasks_per_world + config.grpo_tasks + config.eval_tasks
+    return config.workers if tasks >= MIN_TASKS_FOR_WORKERS else 1
+
+
 def _build_world(folder: Path, num_tasks: int, seed: int, world_version: int) -> None:
     build.build_world(folder, num_tasks=num_tasks, seed=seed, world_version=world_version)
 
@@ -386,15 +396,15 @@ def _build_world(folder: Path, num_tasks: int, seed: int, world_version: int) ->
 def build_worlds(config: SimTinyConfig, root: Path, *, pool: process_pool.JobPool | None = None) -> dict[str, Any]:
     """Builds (or reuses) every world of the run; returns {"sft": [dirs], "grpo": dir, "eval": dir}.
 
-    Worlds are built on `pool` (default: `config.workers` processes), one job per world (each depends on its seed
-    alone)."""
+    Worlds are built on `pool` (default: `stage_workers(config)` processes), one job per world (each depends on its
+    seed alone)."""
     plan = [(f"sft-{s}", s, config.tasks_per_world) for s in config.sft_seeds()]
     plan += [(f"grpo-{config.grpo_seed()}", config.grpo_seed(), config.grpo_tasks),
              (f"eval-{config.eval_seed()}", config.eval_seed(), config.eval_tasks)]
     # missing, or built as another generation
     todo = [(name, seed, n) for name, seed, n in plan if _world_version(root / name) != config.world_version]
     process_pool.run_jobs(_build_world, [(root / name, n, seed, config.world_version) for name, seed, n in todo],
-                          workers=config.workers, pool=pool, labels=[f"world {name}" for name, _, _ in todo],
+                          workers=stage_workers(config), pool=pool, labels=[f"world {name}" for name, _, _ in todo],
                           costs=[n for _, _, n in todo], desc="worlds", progress=config.progress)
     out = {name: root / name for name, _, _ in plan}
     return {"sft": [out[f"sft-{s}"] for s in config.sft_seeds()], "grpo": out[f"grpo-{config.grpo_seed()}"],
@@ -426,10 +436,11 @@ def _teacher_texts(config: SimTinyConfig, folder: Path) -> list[str]:
 def train_tokenizer(config: SimTinyConfig, worlds: list[Path], out: Path, *,
                     pool: process_pool.JobPool | None = None) -> Any:
     """The policy's compact tokenizer, learned from the teacher's episodes on the SFT worlds (played on `pool`,
-    default `config.workers` processes, one job per world)."""
-    per_world = process_pool.run_jobs(_teacher_texts, [(config, folder) for folder in worlds], workers=config.workers,
-                                      pool=pool, labels=[f"world {folder.name}" for folder in worlds],
-                                      desc="tokenizer text", progress=config.progress)
+    default `stage_workers(config)` processes, one job per world)."""
+    per_world = process_pool.run_jobs(_teacher_texts, [(config, folder) for folder in worlds],
+                                      workers=stage_workers(config), pool=pool,
+                                      labels=[f"world {folder.name}" for folder in worlds], desc="tokenizer text",
+                                      progress=config.progress)
     texts = [text for world_texts in per_world for text in world_texts]
     return tiny_policy.train_tokenizer(texts, out, vocab_size=config.size.vocab_size)
 
@@ -460,10 +471,10 @@ def record_teacher(config: SimTinyConfig, worlds: list[Path], tokenizer: Any, ou
     """The teacher's episodes on `worlds`, those with reward >= `teacher_min_reward` (rejection sampling, as both
     papers filter their teacher trajectories), as trajectory shards in `out`; returns its reward and kept share.
 
-    The worlds are played on `pool` (default: `config.workers` processes), one job per world; the shards are
+    The worlds are played on `pool` (default: `stage_workers(config)` processes), one job per world; the shards are
     written here, in the worlds' and tasks' order, so they are the same whatever the count."""
     per_world = process_pool.run_jobs(_teacher_episodes, [(config, folder, tokenizer) for folder in worlds],
-                                      workers=config.workers, pool=pool,
+                                      workers=stage_workers(config), pool=pool,
                                       labels=[f"world {folder.name}" for folder in worlds], desc="teacher episodes",
                                       progress=config.progress)
     rewards, kept = [], 0
@@ -812,7 +823,7 @@ def _run(config: SimTinyConfig, out: Path, actor_env: dict[str, str]) -> dict[st
 
     started, timings = time.monotonic(), {}
     env_file = write_env_file(config, out / ENV_FILE)
-    with process_pool.JobPool(config.workers) as pool:  # one set of worker processes for the pure-Python stages
+    with process_pool.JobPool(stage_workers(config)) as pool:  # one set of workers for the pure-Python stages
         with timed(timings, "worlds"):
             worlds = build_worlds(config, out / "worlds", pool=pool)
         with timed(timings, "teacher_data"):

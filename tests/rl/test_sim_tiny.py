@@ -319,6 +319,8 @@ def test_worker_processes_build_and_record_what_one_process_does(tmp_path):
     assert [t.without_timings() for t in records_one] == [t.without_timings() for t in records_two]
     with pytest.raises(ValueError, match="workers must be an int >= 0"):
         sim_tiny.SimTinyConfig(workers=-2)
+    assert sim_tiny.stage_workers(config) == 1  # 11 tasks: not worth starting processes for, by default
+    assert sim_tiny.stage_workers(sim_tiny.SimTinyConfig(workers=3)) == 3
 
 
 def test_sft_recipe_trains_and_resumes_from_the_run_outputs(run, tmp_path, capsys):
