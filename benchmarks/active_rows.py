@@ -21,13 +21,11 @@ world is the realistic case.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import tempfile
 from pathlib import Path
 
 import eval_setup  # benchmarks/eval_setup.py, beside this script
-from ranger_jax import fileio
 from ranger_jax.sampling import Buckets
 
 
@@ -51,21 +49,9 @@ def main() -> None:
         some = eval_setup.timed_runs(world, checkpoint, tmp / "cache-some",
                                      buckets=Buckets(min_active_rows=args.min_active_rows), limit=args.tasks,
                                      concurrency=args.concurrency, sampled=args.sampled)
-    same = whole["reward_per_task"] == some["reward_per_task"]
-    out = {"world": str(world) if args.world else None, "policy": args.policy, "concurrency": args.concurrency,
-           "min_active_rows": args.min_active_rows, "sampled": args.sampled, "cpu_count": os.cpu_count(),
-           "num_tasks": len(some["reward_per_task"]), "whole_batch": whole, "active_rows": some,
-           "speedup_warm": round(whole["warm"]["seconds"] / some["warm"]["seconds"], 3),
-           "speedup_cold": round(whole["cold"]["seconds"] / some["cold"]["seconds"], 3), "same_rewards": same}
-    print(f"{out['num_tasks']} tasks, {args.concurrency} rows{' sampled x4' if args.sampled else ''}")
-    for name, r in (("whole batch", whole), (f"active rows (>= {args.min_active_rows})", some)):
-        print(f"  {name:24s} cold {r['cold']['seconds']:7.1f} s (compile {r['cold']['compile_s']:5.1f})   "
-              f"warm {r['warm']['seconds']:7.1f} s (compile {r['warm']['compile_s']:5.1f})   "
-              f"reward {r['reward_mean']:.4f}")
-    print(f"  speed-up: x{out['speedup_warm']:.2f} warm, x{out['speedup_cold']:.2f} cold; "
-          f"per-task rewards {'identical' if same else 'DIFFER'}")
-    if args.json:
-        fileio.write_atomic(args.json, json.dumps(out, indent=2).encode("utf-8"))
+    eval_setup.report(args, world, ("whole_batch", "whole batch", whole),
+                      ("active_rows", f"active rows (>= {args.min_active_rows})", some),
+                      min_active_rows=args.min_active_rows)
 
 
 if __name__ == "__main__":

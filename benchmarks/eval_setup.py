@@ -2,19 +2,22 @@
 `active_rows.py`, `fit_images.py`), which import it as the sibling module `eval_setup` (a script's own folder is
 first on `sys.path`): `--world` and `--policy` name an existing world and checkpoint; without them a world of
 `--tasks` tasks is built from `--seed` and a random `Qwen3VLConfig.tiny()` checkpoint written, both in a work
-folder. `timed_runs` times repeated evaluations, the first compiling from nothing.
+folder. `timed_runs` times repeated evaluations, the first compiling from nothing, and `report` prints and writes
+two settings' runs side by side.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import json
+import os
 import time
 from pathlib import Path
 
 import jax.monitoring
 
-from ranger_jax import compilation_cache
+from ranger_jax import compilation_cache, fileio
 from ranger_jax.env.sim import build
 from ranger_jax.rollout import actor, evaluate, policy
 from ranger_jax.sampling import Buckets
@@ -78,3 +81,28 @@ def timed_runs(world: Path, checkpoint: Path, cache: Path, *, buckets: Buckets, 
     warm = min(timings[1:], key=lambda r: r["seconds"]) if runs > 1 else None
     return {"cold": timings[0], "warm": warm, "runs": timings, "reward_mean": result["reward_mean"],
             "reward_per_task": result["reward_per_task"]}
+
+
+def report(args: argparse.Namespace, world: Path, reference: tuple[str, str, dict], candidate: tuple[str, str, dict],
+           **settings) -> dict:
+    """Prints two settings' `timed_runs` side by side (cold and warm walls, compile seconds, programs, mean reward,
+    the speed-ups of `candidate` over `reference`, whether the per-task rewards agree) and writes them to
+    `args.json`. `reference` / `candidate` are (JSON key, printed label, runs); `settings` go into the JSON."""
+    (ref_key, ref_label, ref), (new_key, new_label, new) = reference, candidate
+    same = ref["reward_per_task"] == new["reward_per_task"]
+    out = {"world": str(world) if args.world else None, "policy": args.policy, "concurrency": args.concurrency,
+           "sampled": args.sampled, **settings, "cpu_count": os.cpu_count(),
+           "num_tasks": len(new["reward_per_task"]), ref_key: ref, new_key: new,
+           "speedup_warm": round(ref["warm"]["seconds"] / new["warm"]["seconds"], 3),
+           "speedup_cold": round(ref["cold"]["seconds"] / new["cold"]["seconds"], 3), "same_rewards": same}
+    print(f"{out['num_tasks']} tasks, {args.concurrency} rows{' sampled x4' if args.sampled else ''}")
+    for label, r in ((ref_label, ref), (new_label, new)):
+        cold, warm = r["cold"], r["warm"]
+        print(f"  {label:24s} cold {cold['seconds']:7.1f} s (compile {cold['compile_s']:5.1f} s, "
+              f"{cold['programs']} programs)   warm {warm['seconds']:7.1f} s (compile {warm['compile_s']:5.1f} s, "
+              f"{warm['programs']} programs)   reward {r['reward_mean']:.4f}")
+    print(f"  speed-up: x{out['speedup_warm']:.2f} warm, x{out['speedup_cold']:.2f} cold; "
+          f"per-task rewards {'identical' if same else 'DIFFER'}")
+    if args.json:
+        fileio.write_atomic(args.json, json.dumps(out, indent=2).encode("utf-8"))
+    return out

@@ -19,13 +19,11 @@ whether the per-task rewards agree (they must). Without `--policy` it builds a w
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import tempfile
 from pathlib import Path
 
 import eval_setup  # benchmarks/eval_setup.py, beside this script
-from ranger_jax import fileio
 from ranger_jax.sampling import Buckets
 
 
@@ -47,20 +45,8 @@ def main() -> None:
         per_bucket = eval_setup.timed_runs(world, checkpoint, tmp / "cache-off", buckets=Buckets(fit_images_up_to=0),
                                            **options)
         fitted = eval_setup.timed_runs(world, checkpoint, tmp / "cache-on", buckets=Buckets(), **options)
-    same = per_bucket["reward_per_task"] == fitted["reward_per_task"]
-    out = {"world": str(world) if args.world else None, "policy": args.policy, "concurrency": args.concurrency,
-           "sampled": args.sampled, "cpu_count": os.cpu_count(), "num_tasks": len(fitted["reward_per_task"]),
-           "per_image_bucket": per_bucket, "fitted": fitted,
-           "speedup_cold": round(per_bucket["cold"]["seconds"] / fitted["cold"]["seconds"], 3),
-           "speedup_warm": round(per_bucket["warm"]["seconds"] / fitted["warm"]["seconds"], 3), "same_rewards": same}
-    print(f"{out['num_tasks']} tasks, {args.concurrency} rows{' sampled x4' if args.sampled else ''}")
-    for name, r in (("append per image bucket", per_bucket), ("append fitted (default)", fitted)):
-        print(f"  {name:24s} cold {r['cold']['seconds']:7.1f} s (compile {r['cold']['compile_s']:5.1f} s, "
-              f"{r['cold']['programs']} programs)   warm {r['warm']['seconds']:7.1f} s   reward {r['reward_mean']:.4f}")
-    print(f"  speed-up: x{out['speedup_cold']:.2f} cold, x{out['speedup_warm']:.2f} warm; "
-          f"per-task rewards {'identical' if same else 'DIFFER'}")
-    if args.json:
-        fileio.write_atomic(args.json, json.dumps(out, indent=2).encode("utf-8"))
+    eval_setup.report(args, world, ("per_image_bucket", "append per image bucket", per_bucket),
+                      ("fitted", "append fitted (default)", fitted))
 
 
 if __name__ == "__main__":

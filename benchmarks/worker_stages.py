@@ -39,15 +39,18 @@ def _episodes(folder: Path) -> list:
 def stages(config: sim_tiny.SimTinyConfig, root: Path) -> dict:
     """The three stages into `root` on one pool of `config.workers` processes: seconds per stage and the outputs."""
     seconds = {}
-    started = time.perf_counter()
+
+    def timed(stage: str, fn, *args, **kwargs):
+        started = time.perf_counter()
+        result = fn(*args, **kwargs)
+        seconds[stage] = round(time.perf_counter() - started, 2)
+        return result
+
     with process_pool.JobPool(config.workers) as pool:
-        worlds = sim_tiny.build_worlds(config, root / "worlds", pool=pool)
-        seconds["worlds"] = time.perf_counter() - started
-        tokenizer = sim_tiny.train_tokenizer(config, worlds["sft"], root / "tokenizer", pool=pool)
-        seconds["tokenizer"] = time.perf_counter() - started - seconds["worlds"]
-        stats = sim_tiny.record_teacher(config, worlds["sft"], tokenizer, root / "sft_data", pool=pool)
-        seconds["teacher"] = time.perf_counter() - started - seconds["worlds"] - seconds["tokenizer"]
-    seconds = {k: round(v, 2) for k, v in seconds.items()}
+        worlds = timed("worlds", sim_tiny.build_worlds, config, root / "worlds", pool=pool)
+        tokenizer = timed("tokenizer", sim_tiny.train_tokenizer, config, worlds["sft"], root / "tokenizer", pool=pool)
+        stats = timed("teacher", sim_tiny.record_teacher, config, worlds["sft"], tokenizer, root / "sft_data",
+                      pool=pool)
     return {"seconds": {**seconds, "total": round(sum(seconds.values()), 2)}, "stats": stats,
             "outputs": (_files(root / "worlds"), _files(root / "tokenizer"), _episodes(root / "sft_data"))}
 
