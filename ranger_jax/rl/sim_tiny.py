@@ -168,8 +168,9 @@ class SimTinyConfig:
     # noise scale from 5.1e3 to 7e2 episodes, and 6 GRPO steps then no longer cost reward (-0.000 vs -0.055)
     branch_turns: tuple[int, ...] = (2,)
     sample_turns: int | None = 1
-    # each group's first member plays the sampled turn greedily, still trained (`RolloutConfig.greedy_member`): the
-    # held-out evaluation is greedy, and this member's advantage says whether the mode beats the group's samples.
+    # each group's first member plays the sampled turn greedily, still trained (`RolloutConfig.greedy_member`; with
+    # decision sampling, where a sample would draw): the held-out evaluation is greedy, and this member's advantage
+    # says whether the mode beats the group's samples.
     # Measured from the seed-0 SFT policy (docs/sim_tiny.md): -0.027 at 192 episodes, +0.037 at 640, -0.064 at 960
     greedy_member: bool = False
     max_staleness: int = 2
@@ -230,7 +231,7 @@ class SimTinyConfig:
             raise ValueError(f"SimTinyConfig.shared_prefix needs sample_turns=1 (a member's trained tokens are then "
                              f"text after the group's shared context); got sample_turns={self.sample_turns}")
         try:
-            sampling = self.grpo_sampling()
+            self.grpo_sampling()
         except ValueError as error:
             raise ValueError(f"SimTinyConfig sampling of the GRPO rollouts: {error}") from None
         if isinstance(self.grpo_frozen, str) or not all(isinstance(n, str) for n in self.grpo_frozen):
@@ -246,9 +247,6 @@ class SimTinyConfig:
             raise ValueError(f"GRPO needs group_size >= 2; got {self.group_size}")
         if not isinstance(self.greedy_member, bool):
             raise ValueError(f"SimTinyConfig.greedy_member must be a bool; got {self.greedy_member!r}")
-        if self.greedy_member and sampling.limits_draws:
-            raise ValueError("SimTinyConfig.greedy_member trains the greedy member's whole turn, decision sampling "
-                             "(draw_below / max_draws) only drawn tokens: use one or the other")
 
     def grpo_sampling(self) -> policy_lib.SamplingParams:
         """How the GRPO rollouts' sampled turns are sampled."""
@@ -375,12 +373,15 @@ def write_env_file(config: SimTinyConfig, path: Path) -> Path:
     return path
 
 
-def _world_version(folder: Path) -> int | None:
-    """The generation of the world in `folder` (None when there is none)."""
-    path = folder / world.WORLD_FILE
-    if not path.exists():
+def _world_differences(folder: Path, seed: int, num_tasks: int, world_version: int) -> list[str] | None:
+    """None when `folder` holds no world; else what differs between its world and the one wanted (empty: the same)."""
+    if not (folder / world.WORLD_FILE).exists():
         return None
-    return int(json.loads(path.read_text("utf-8")).get("world_version", 1))
+    meta = world.read_meta(folder)
+    found = {"seed": meta.get("seed"), "num_tasks": meta.get("num_tasks"),
+             "world_version": meta.get("world_version", 1)}
+    wanted = {"seed": seed, "num_tasks": num_tasks, "world_version": world_version}
+    return [f"{key} {found[key]} (wanted {wanted[key]})" for key in wanted if found[key] != wanted[key]]
 
 
 def stage_workers(config: SimTinyConfig) -> int:
@@ -397,12 +398,24 @@ def build_worlds(config: SimTinyConfig, root: Path, *, pool: process_pool.JobPoo
     """Builds (or reuses) every world of the run; returns {"sft": [dirs], "grpo": dir, "eval": dir}.
 
     Worlds are built on `pool` (default: `stage_workers(config)` processes), one job per world (each depends on its
-    seed alone)."""
+    seed alone). A world already in `root` is reused when it is the one the config asks for.
+
+    Raises:
+        ValueError: a folder of `root` holds another world (its seed, task count or generation differs from the
+            config's: a rerun into a run folder with, e.g., another `grpo_tasks`); the data and checkpoints the
+            folder holds were made from it, so the run asks for a new folder instead of mixing the two.
+    """
     plan = [(f"sft-{s}", s, config.tasks_per_world) for s in config.sft_seeds()]
     plan += [(f"grpo-{config.grpo_seed()}", config.grpo_seed(), config.grpo_tasks),
              (f"eval-{config.eval_seed()}", config.eval_seed(), config.eval_tasks)]
-    # missing, or built as another generation
-    todo = [(name, seed, n) for name, seed, n in plan if _world_version(root / name) != config.world_version]
+    todo = []
+    for name, seed, n in plan:
+        differences = _world_differences(root / name, seed, n, config.world_version)
+        if differences:
+            raise ValueError(f"{root / name} holds another world than this run's: {', '.join(differences)}; run "
+                             "into a new output folder (this one's data and checkpoints were made from that world)")
+        if differences is None:
+            todo.append((name, seed, n))
     process_pool.run_jobs(_build_world, [(root / name, n, seed, config.world_version) for name, seed, n in todo],
                           workers=stage_workers(config), pool=pool, labels=[f"world {name}" for name, _, _ in todo],
                           costs=[n for _, _, n in todo], desc="worlds", progress=config.progress)

@@ -277,8 +277,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="turns sampled from the branching turn on; later turns are greedy, untrained context "
                         "(default: all)")
     p.add_argument("--greedy-member", action="store_true",
-                   help="the first member of each group plays its sampled turns greedily (still trained: its "
-                        "advantage compares the policy's mode with its samples)")
+                   help="the first member of each group plays its sampled turns greedily (still trained, with "
+                        "--draw-below/--max-draws where a sample would draw: its advantage compares the policy's "
+                        "mode with its samples)")
     p.add_argument("--concurrency", type=int, default=8, help="episodes in flight")
     p.add_argument("--chunk-tokens", type=int, default=sampler_policy.DEFAULT_CHUNK_TOKENS,
                    help="jax policy: tokens a row decodes per sampler call before waiting turns join the batch "
@@ -362,9 +363,6 @@ def main(argv: Sequence[str] | None = None) -> ActorSummary | decoupled.RoundsSu
         parser.error(f"--temperature/--top-p/--top-k/--draw-below/--max-draws: {err}")
     if sampling.limits_draws and args.policy != "jax":
         parser.error(f"--draw-below/--max-draws need --policy jax (got --policy {args.policy})")
-    if sampling.limits_draws and args.greedy_member:
-        parser.error("--greedy-member trains the greedy member's whole turn, --draw-below/--max-draws only drawn "
-                     "tokens: use one or the other")
     config = runner.RolloutConfig(
         group_size=args.group_size, concurrency=args.concurrency, seed=args.seed, run_id=args.run_id,
         branch_turns=branch_turns, sample_turns=args.sample_turns, greedy_member=args.greedy_member,

@@ -110,8 +110,8 @@ class EpisodeSpec:
     turn on (`runner.RolloutConfig.branch_turns`). `sample_turns` (None: every later turn) is how many turns from
     there are sampled; the turns after them are greedy context again, so a group's rewards compare the sampled
     turns' choices alone. `greedy` plays the sampled turns greedily all the same (a group's greedy member,
-    `runner.RolloutConfig.greedy_member`): they stay trained turns, so the update learns whether the policy's
-    mode beats its samples.
+    `runner.RolloutConfig.greedy_member`): they stay trained turns (with decision sampling, the positions where a
+    sample would draw: `turn_sampling`), so the update learns whether the policy's mode beats its samples.
     """
 
     task: core.Task
@@ -137,6 +137,19 @@ class EpisodeSpec:
 def turn_seed(seed: int, turn: int) -> int:
     """The sampling seed of one turn: a 31-bit mix of the episode seed and the turn index."""
     return int(np.random.SeedSequence([seed & 0xFFFFFFFF, seed >> 32, turn]).generate_state(1)[0] & 0x7FFFFFFF)
+
+
+def turn_sampling(sampling: policy_lib.SamplingParams, *, sampled: bool,
+                  greedy_member: bool) -> policy_lib.SamplingParams:
+    """How a turn is generated: a sampled turn with the episode's `sampling`, other turns greedily. A group's greedy
+    member (`EpisodeSpec.greedy`) plays its sampled turns greedily too; with decision sampling it keeps the
+    samples' settings but takes the top token wherever it would draw (top-k 1), so the positions a sample would
+    draw at are marked drawn and trained, with the tempered log-probabilities of the tokens it took."""
+    if not sampled:
+        return GREEDY
+    if not greedy_member:
+        return sampling
+    return dataclasses.replace(sampling, top_k=1) if sampling.limits_draws else GREEDY
 
 
 def _trained(sampled: bool, sampling: policy_lib.SamplingParams, gen: policy_lib.Generation) -> bool | np.ndarray:
@@ -338,7 +351,7 @@ async def _loop(env: tool_env.ToolEnv, policy: policy_lib.Policy, ep: _Episode, 
         sampled = ep.spec.samples_turn(turn)
         request = policy_lib.TurnRequest(
             rid=ep.spec.rid, turn=turn, prompt_ids=prompt_ids, new_images=ep.new_images,
-            sampling=config.sampling if sampled and not ep.spec.greedy else GREEDY,
+            sampling=turn_sampling(config.sampling, sampled=sampled, greedy_member=ep.spec.greedy),
             max_new_tokens=min(config.max_new_tokens, room), stop_token_ids=(tok.im_end_id,),
             seed=turn_seed(ep.spec.seed, turn), state=state)
         t0 = time.monotonic()

@@ -46,8 +46,9 @@ class RolloutConfig:
     # how many turns from the branching turn are sampled (None: all to the end); the later ones are greedy context,
     # so a group's advantages credit only the sampled turns
     sample_turns: int | None = None
-    # the first member of each group plays its sampled turns greedily (`EpisodeSpec.greedy`), still trained: its
-    # advantage says whether the policy's mode (what a greedy evaluation plays) beats the group's samples
+    # the first member of each group plays its sampled turns greedily (`EpisodeSpec.greedy`), still trained (with
+    # decision sampling, where a sample would draw: `episode.turn_sampling`): its advantage says whether the
+    # policy's mode (what a greedy evaluation plays) beats the group's samples
     greedy_member: bool = False
     # a group branching at turn b >= 1 plays its greedy turns 0..b-1 once and forks its samples from there
     # (`episode.run_shared_trunk`, `Policy.fork`): the same episodes for less work. Needs concurrency >= group_size
@@ -72,9 +73,6 @@ class RolloutConfig:
         if self.greedy_member and self.group_size < 2:
             raise ValueError(f"RolloutConfig.greedy_member needs group_size >= 2 (a greedy member and samples); "
                              f"got {self.group_size}")
-        if self.greedy_member and self.episode.sampling.limits_draws:
-            raise ValueError("RolloutConfig.greedy_member trains the greedy member's whole turn, decision sampling "
-                             "(draw_below / max_draws) only the drawn ids: use one or the other")
 
 
 @dataclasses.dataclass(frozen=True)

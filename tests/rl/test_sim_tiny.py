@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import runpy
 import sys
 from pathlib import Path
@@ -157,8 +158,9 @@ def test_grpo_sampling_settings_reach_the_actor_and_rollouts(tmp_path):
         (0.8, 0.9, 3, 0.7, 2)
     greedy = sim_tiny.rollout_config(config, greedy=True).episode.sampling
     assert (greedy.temperature, greedy.top_p, greedy.top_k, greedy.limits_draws) == (0.0, 1.0, -1, False)
-    with pytest.raises(ValueError, match="greedy_member trains the greedy member's whole turn"):
-        dataclasses.replace(config, greedy_member=True)
+    assert "--greedy-member" in sim_tiny.actor_command(
+        dataclasses.replace(config, greedy_member=True), env_file=tmp_path / "env.toml", grpo_world=tmp_path / "w",
+        weights_dir=tmp_path / "weights", shards_dir=tmp_path / "shards", metrics_path=tmp_path / "m.jsonl")
     with pytest.raises(ValueError, match="draw_below must be in"):
         dataclasses.replace(MICRO, draw_below=0.0)
     with pytest.raises(ValueError, match="top_p"):
@@ -321,6 +323,24 @@ def test_worker_processes_build_and_record_what_one_process_does(tmp_path):
         sim_tiny.SimTinyConfig(workers=-2)
     assert sim_tiny.stage_workers(config) == 1  # 11 tasks: not worth starting processes for, by default
     assert sim_tiny.stage_workers(sim_tiny.SimTinyConfig(workers=3)) == 3
+
+
+def test_a_rerun_reuses_its_worlds_and_refuses_a_folder_holding_other_ones(tmp_path):
+    config = sim_tiny.SimTinyConfig(sft_worlds=1, tasks_per_world=1, grpo_tasks=2, eval_tasks=1, progress=False,
+                                    size=MICRO.size)
+    worlds = sim_tiny.build_worlds(config, tmp_path / "worlds")
+    built = {p: p.stat().st_mtime_ns for p in (tmp_path / "worlds").rglob("world.json")}
+    assert sim_tiny.build_worlds(config, tmp_path / "worlds") == worlds  # reused, not rebuilt
+    assert {p: p.stat().st_mtime_ns for p in (tmp_path / "worlds").rglob("world.json")} == built
+    for change, named in (({"grpo_tasks": 3}, "num_tasks 2 (wanted 3)"),
+                          ({"eval_tasks": 2}, "num_tasks 1 (wanted 2)"),
+                          ({"world_version": 2}, "world_version 1 (wanted 2)")):
+        with pytest.raises(ValueError, match=re.escape(named) + ".*new output folder"):
+            sim_tiny.build_worlds(dataclasses.replace(config, **change), tmp_path / "worlds")
+    (tmp_path / "worlds" / f"grpo-{config.grpo_seed()}" / "world.json").write_text(
+        json.dumps({**json.loads((worlds["grpo"] / "world.json").read_text()), "seed": 7}))
+    with pytest.raises(ValueError, match=r"grpo-500 holds another world than this run's: seed 7 \(wanted 500\)"):
+        sim_tiny.build_worlds(config, tmp_path / "worlds")
 
 
 def test_sft_recipe_trains_and_resumes_from_the_run_outputs(run, tmp_path, capsys):

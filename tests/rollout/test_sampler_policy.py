@@ -326,9 +326,20 @@ def test_decision_sampling_trains_only_the_drawn_tokens(tiny_env, tiny_sampler, 
         # before the branch the episode is the greedy one, token for token
         np.testing.assert_array_equal(np.asarray(t.token_ids)[:start],
                                       np.asarray(greedy.trajectories[0].token_ids)[:start])
-    with pytest.raises(ValueError, match="greedy_member trains the greedy member's whole turn"):
-        runner.RolloutConfig(group_size=2, greedy_member=True, episode=dataclasses.replace(tiny_config(),
-                                                                                           sampling=sampling))
+    # a greedy member takes the argmax where the samples draw, and trains those positions (where it is unsure)
+    greedy_member_config = dataclasses.replace(config, greedy_member=True)
+    (with_greedy,) = runner.run(tiny_env, sampler_policy.SamplerPolicy(tiny_sampler, num_rows=3, capacity=CAPACITY),
+                                tasks[:1], renderer=tiny_renderer, config=greedy_member_config, scorer=scorer)
+    mode = with_greedy.trajectories[0]
+    assert [t.metadata["greedy_member"] for t in with_greedy.trajectories] == [True, False, False]
+    np.testing.assert_array_equal(mode.token_ids, greedy.trajectories[0].token_ids)
+    mask = np.asarray(mode.loss_mask)
+    start = int(np.flatnonzero(mask)[0])
+    assert mask_runs(mask) == [(start, start + 2)] and start == int(np.flatnonzero(group.trajectories[0].loss_mask)[0])
+    assert np.all(np.asarray(mode.sampler_logprobs)[mask == 1] < 0)  # tempered log-probs of the tokens it took
+    assert episode.turn_sampling(sampling, sampled=True, greedy_member=True) == dataclasses.replace(sampling, top_k=1)
+    assert episode.turn_sampling(sampling, sampled=False, greedy_member=False) == episode.GREEDY
+    assert episode.turn_sampling(tiny_config().sampling, sampled=True, greedy_member=True) == episode.GREEDY
     with pytest.raises(ValueError, match="need the JAX sampler"):
         sglang_policy.sampling_params(policy.TurnRequest(
             rid="r", turn=0, prompt_ids=np.zeros(3, np.int32), new_images=(), sampling=sampling, max_new_tokens=4,
