@@ -31,11 +31,12 @@ def main(argv: list[str] | None = None) -> int:
     tiny.add_argument("--sft-steps", type=int, help="override the SFT steps")
     tiny.add_argument("--grpo-steps", type=int, help="override the GRPO steps")
     tiny.add_argument("--grpo-schedule", default="default",
-                      help="named GRPO settings: default (4 steps of 240 decision-sampled episodes, attention "
-                           "trained alone: +0.064, +0.063, +0.019 held-out reward over SFT on seeds 0, 1, 2 on one "
-                           "machine; +0.009, +0.000, +0.007 on another), "
-                           "three-steps (+0.036, +0.063, +0.019; ~90 s less), small-steps (6 steps of 32 "
-                           "episodes: -0.017 to -0.000), large-batch (12 steps of 240 "
+                      help="named GRPO settings: default (4 steps of 240 decision-sampled episodes in groups of "
+                           "8, attention trained alone: +0.055, +0.000, +0.082 held-out reward over SFT on seeds 0, "
+                           "1, 3), groups-of-4 (the same in groups of 4: +0.009, +0.000, +0.028 on the same "
+                           "machine; +0.064, +0.063, +0.019 on seeds 0, 1, 2 on another), "
+                           "three-steps (three steps of groups of 4: +0.036, +0.063, +0.019), small-steps (6 "
+                           "steps of 32 episodes: -0.017 to -0.000), large-batch (12 steps of 240 "
                            "episodes, every token drawn: +0.040 on average, ~40 min) or decision-batch (four steps "
                            "with every parameter trained: -0.210 on seed 2)")
     tiny.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",

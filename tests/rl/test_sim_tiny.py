@@ -189,7 +189,7 @@ def test_large_steps_run_through_the_actor_in_batches_of_its_concurrency(tmp_pat
     assert (config.draw_below, config.max_draws, config.grpo_frozen) == (1.0, 0, ())  # as measured: every token
     with pytest.raises(ValueError, match="actor_concurrency must be a positive int"):
         dataclasses.replace(config, actor_concurrency=0)
-    known = "default, three-steps, small-steps, large-batch, decision-batch"
+    known = "default, groups-of-4, three-steps, small-steps, large-batch, decision-batch"
     with pytest.raises(ValueError, match=f"unknown GRPO schedule 'huge'; known: {known}"):
         sim_tiny.configure(grpo_schedule="huge")
 
@@ -201,10 +201,16 @@ def test_default_grpo_draws_uncertain_tokens_in_large_steps_and_trains_attention
     assert (flags["--concurrency"], flags["--max-rounds"]) == ("32", "4")
     assert (default.grpo_steps, default.grpo_tasks, default.grpo_learning_rate) == (4, 240, 3e-4)
     assert default.grpo_frozen == ("embed_tokens", "mlp", "visual")  # the learner trains attention alone
+    assert (flags["--tasks-per-round"], flags["--group-size"]) == ("30", "8")  # a step's 240 episodes: 30 groups
+    assert sim_tiny.grpo_rows(default) == 240
+    fours = sim_tiny.configure(grpo_schedule="groups-of-4")  # the default before: 60 groups of 4
+    assert (fours.grpo_tasks_per_step, fours.group_size, fours.grpo_steps, fours.draw_below) == (60, 4, 4, 0.9)
+    assert sim_tiny.grpo_rows(fours) == 240 and fours.grpo_frozen == default.grpo_frozen
     three = sim_tiny.configure(grpo_schedule="three-steps")
     assert _actor_flags(three, tmp_path)["--max-rounds"] == "3" and three.grpo_frozen == default.grpo_frozen
-    every = sim_tiny.configure(grpo_schedule="decision-batch")  # four such steps, every parameter trained
-    assert (every.grpo_steps, every.grpo_frozen, every.draw_below) == (4, (), 0.9)
+    assert (three.grpo_tasks_per_step, three.group_size) == (60, 4)
+    every = sim_tiny.configure(grpo_schedule="decision-batch")  # four steps of groups of 4, every parameter trained
+    assert (every.grpo_steps, every.grpo_frozen, every.draw_below, every.group_size) == (4, (), 0.9, 4)
     small = sim_tiny.configure(grpo_schedule="small-steps")
     assert (small.group_size, small.grpo_steps, small.draw_below, small.max_draws, small.grpo_frozen) == \
         (8, 6, 1.0, 0, ())
