@@ -136,10 +136,10 @@ class SimTinyConfig:
     # SFT policies of seeds 0, 1 and 3 on one machine (docs/sim_tiny.md, "On machine B"): held-out greedy reward
     # +0.055 (paired SE 0.029), +0.000 (0.026), +0.082 (0.032) over SFT, against +0.009, +0.000, +0.028 with 60
     # groups of 4 (`GRPO_SCHEDULES["groups-of-4"]`, the default before; on the first machine +0.064, +0.063, +0.019
-    # for seeds 0, 1, 2), in five paired comparisons never worse (mean +0.026), and ~15% faster: a trunk shared by 8
-    # members saves more. A step of 240 such episodes is a quarter of the gradient's noise scale; the steps of 32
-    # episodes before (6 of 4 groups of 8, every token of the sampled turn drawn, every parameter, lr 1e-4:
-    # `GRPO_SCHEDULES["small-steps"]`) gave -0.017 to -0.000
+    # for seeds 0, 1, 2); in six paired comparisons never worse (+0.021 on average), and GRPO 15-20% faster: a trunk
+    # shared by 8 members saves more. A step of 240 such episodes is a quarter of the gradient's noise scale; the
+    # steps of 32 episodes before (6 of 4 groups of 8, every token of the sampled turn drawn, every parameter, lr
+    # 1e-4: `GRPO_SCHEDULES["small-steps"]`) gave -0.017 to -0.000
     grpo_steps: int = 4
     grpo_tasks_per_step: int = 30
     group_size: int = 8
@@ -272,9 +272,9 @@ class SimTinyConfig:
                 "max_turns": self.max_turns, "max_tool_calls": self.max_tool_calls}
 
 
-# Named GRPO settings (`recipes/grpo_savanna.py --grpo-schedule`), each measured from the SFT policies of seeds 0, 1,
-# 2 (held-out greedy reward difference, paired SE; docs/sim_tiny.md). "default": the config's defaults (4 steps of 240
-# decision-sampled episodes, attention alone): +0.064 (0.027), +0.063 (0.044), +0.019 (0.018).
+# Named GRPO settings (`recipes/grpo_savanna.py --grpo-schedule`), each measured from SFT policies of several seeds
+# (held-out greedy reward difference, paired SE; docs/sim_tiny.md). "default": the config's defaults (4 steps of 30
+# decision-sampled groups of 8, attention alone): +0.055 (0.029), +0.000 (0.026), +0.082 (0.032) on seeds 0, 1, 3.
 GROUPS_OF_4 = {"grpo_tasks_per_step": 60, "group_size": 4}
 GRPO_SCHEDULES: dict[str, dict[str, Any]] = {
     "default": {},
