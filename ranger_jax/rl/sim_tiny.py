@@ -377,17 +377,6 @@ def write_env_file(config: SimTinyConfig, path: Path) -> Path:
     return path
 
 
-def _world_differences(folder: Path, seed: int, num_tasks: int, world_version: int) -> list[str] | None:
-    """None when `folder` holds no world; else what differs between its world and the one wanted (empty: the same)."""
-    if not (folder / world.WORLD_FILE).exists():
-        return None
-    meta = world.read_meta(folder)
-    found = {"seed": meta.get("seed"), "num_tasks": meta.get("num_tasks"),
-             "world_version": meta.get("world_version", 1)}
-    wanted = {"seed": seed, "num_tasks": num_tasks, "world_version": world_version}
-    return [f"{key} {found[key]} (wanted {wanted[key]})" for key in wanted if found[key] != wanted[key]]
-
-
 def stage_workers(config: SimTinyConfig) -> int:
     """Processes for the pure-Python stages: `config.workers`, or 1 for a run too small to pay for starting them."""
     tasks = config.sft_worlds * config.tasks_per_world + config.grpo_tasks + config.eval_tasks
@@ -414,12 +403,11 @@ def build_worlds(config: SimTinyConfig, root: Path, *, pool: process_pool.JobPoo
              (f"eval-{config.eval_seed()}", config.eval_seed(), config.eval_tasks)]
     todo = []
     for name, seed, n in plan:
-        differences = _world_differences(root / name, seed, n, config.world_version)
-        if differences:
-            raise ValueError(f"{root / name} holds another world than this run's: {', '.join(differences)}; run "
-                             "into a new output folder (this one's data and checkpoints were made from that world)")
-        if differences is None:
+        if not (root / name / world.WORLD_FILE).exists():
             todo.append((name, seed, n))
+        elif differ := world.differences(root / name, seed=seed, num_tasks=n, world_version=config.world_version):
+            raise ValueError(f"{root / name} holds another world than this run's: {', '.join(differ)}; run "
+                             "into a new output folder (this one's data and checkpoints were made from that world)")
     process_pool.run_jobs(_build_world, [(root / name, n, seed, config.world_version) for name, seed, n in todo],
                           workers=stage_workers(config), pool=pool, labels=[f"world {name}" for name, _, _ in todo],
                           costs=[n for _, _, n in todo], desc="worlds", progress=config.progress)

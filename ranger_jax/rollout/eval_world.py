@@ -43,11 +43,7 @@ def ensure_world(world_dir: str | os.PathLike, *, seed: int, num_tasks: int, pol
         raise ValueError(f"world_version {world_version} is not the generation {policy} trained in ({recorded}); "
                          "leave it out to build the policy's")
     if (world_dir / world_lib.WORLD_FILE).exists():
-        meta = world_lib.read_meta(world_dir)
-        found = {"seed": meta.get("seed"), "num_tasks": meta.get("num_tasks"),
-                 "world_version": meta.get("world_version", 1)}
-        wanted = {"seed": seed, "num_tasks": num_tasks, "world_version": version}
-        differ = [f"{key} {found[key]} (wanted {wanted[key]})" for key in wanted if found[key] != wanted[key]]
+        differ = world_lib.differences(world_dir, seed=seed, num_tasks=num_tasks, world_version=version)
         if differ:
             raise ValueError(f"{world_dir} already holds another world: {', '.join(differ)}; pick a new folder")
         return world_dir, False
