@@ -54,6 +54,9 @@ def main() -> None:
                         help="build the world at --world from this seed first when it holds none, in the generation "
                              "the checkpoint trained in (else the builder's default); an existing world must match")
     parser.add_argument("--build-tasks", type=int, default=100, help="tasks of a world --build-seed builds")
+    parser.add_argument("--build-world-version", type=int, default=None,
+                        help="generation of a world --build-seed builds (default: the checkpoint's, else the "
+                             "builder's); a checkpoint's own generation cannot be overridden")
     parser.add_argument("--limit", type=int, default=None, help="run only the first N tasks")
     parser.add_argument("--concurrency", type=int, default=None, help="checkpoints: episodes in flight")
     parser.add_argument("--max-new-tokens", type=int, default=None, help="checkpoints: tokens per turn")
@@ -86,6 +89,8 @@ def main() -> None:
     if given:
         options.update(_sampled_options(parser, args))
     baseline = _read_json(parser, args.baseline) if args.baseline else None
+    if args.build_world_version is not None and args.build_seed is None:
+        parser.error("--build-world-version only applies with --build-seed")
     if args.build_seed is not None:
         if not 1 <= args.build_tasks <= build.MAX_TASKS:
             parser.error(f"--build-tasks must be in 1..{build.MAX_TASKS}; got {args.build_tasks}")
@@ -136,7 +141,8 @@ def _sampled_options(parser: argparse.ArgumentParser, args: argparse.Namespace) 
 def _build_world(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     try:
         world_dir, built = eval_world.ensure_world(args.world, seed=args.build_seed, num_tasks=args.build_tasks,
-                                                   policy=args.policy, progress=True)
+                                                   policy=args.policy, world_version=args.build_world_version,
+                                                   progress=True)
     except ValueError as err:
         parser.error(f"--world/--build-seed: {err}")
     if built:

@@ -30,7 +30,9 @@ def ensure_world(world_dir: str | os.PathLike, *, seed: int, num_tasks: int, pol
     """Returns `(world_dir, built)`: the world at `world_dir`, built there first when the folder is missing or empty.
 
     The generation is `world_version` when given, else the one `policy` trained in (`trained_world_version`), else
-    `build.DEFAULT_WORLD_VERSION`.
+    `build.DEFAULT_WORLD_VERSION`. When neither pins it (a scripted policy, no version asked for), the default only
+    chooses what a new world is built in: an existing world of any generation is accepted (its seed and task count
+    must still match), so scripted agents can be scored on the world a checkpoint was evaluated on.
 
     Raises:
         ValueError: the folder holds another world (its seed, task count or generation differs: all are named), or
@@ -43,7 +45,8 @@ def ensure_world(world_dir: str | os.PathLike, *, seed: int, num_tasks: int, pol
         raise ValueError(f"world_version {world_version} is not the generation {policy} trained in ({recorded}); "
                          "leave it out to build the policy's")
     if (world_dir / world_lib.WORLD_FILE).exists():
-        differ = world_lib.differences(world_dir, seed=seed, num_tasks=num_tasks, world_version=version)
+        pinned = world_version if world_version is not None else recorded
+        differ = world_lib.differences(world_dir, seed=seed, num_tasks=num_tasks, world_version=pinned)
         if differ:
             raise ValueError(f"{world_dir} already holds another world: {', '.join(differ)}; pick a new folder")
         return world_dir, False

@@ -15,7 +15,7 @@ import pytest
 
 from ranger_jax import env
 from ranger_jax.data import shards
-from ranger_jax.env.sim import world
+from ranger_jax.env.sim import build, world
 from ranger_jax.rollout import episode, eval_world, evaluate, policy, sequence, trained_env
 
 REPO = Path(__file__).resolve().parents[2]
@@ -265,6 +265,11 @@ def test_ensure_world_builds_the_policys_generation_once_and_names_another_world
         eval_world.ensure_world(path, seed=12, num_tasks=3, policy=policy_dir)
     with pytest.raises(ValueError, match=r"world_version 1 \(wanted 2\)"):
         eval_world.ensure_world(path, seed=11, num_tasks=2, world_version=2)
+    # nothing pins the generation (a scripted agent): the world of that seed and size is taken, whatever its generation
+    assert build.DEFAULT_WORLD_VERSION != 1
+    assert eval_world.ensure_world(path, seed=11, num_tasks=2, policy="naive") == (path, False)
+    with pytest.raises(ValueError, match=r"another world: seed 11 \(wanted 12\); pick"):
+        eval_world.ensure_world(path, seed=12, num_tasks=2, policy="naive")
     with pytest.raises(ValueError, match="world_version 2 is not the generation .* trained in \\(1\\)"):
         eval_world.ensure_world(tmp_path / "w2", seed=11, num_tasks=2, policy=policy_dir, world_version=2)
     assert not (tmp_path / "w2").exists()
@@ -272,6 +277,28 @@ def test_ensure_world_builds_the_policys_generation_once_and_names_another_world
     (tmp_path / "other" / "notes.txt").write_text("x")
     with pytest.raises(ValueError, match="holds other files"):
         eval_world.ensure_world(tmp_path / "other", seed=1, num_tasks=2)
+
+
+def test_build_world_version_from_the_command_line(checkpoint, tmp_path, monkeypatch, capsys):
+    world_dir = tmp_path / "w"
+    common = ["--world", str(world_dir), "--policy", "naive", "--build-seed", "5", "--build-tasks", "2"]
+    _cli(monkeypatch, *common, "--build-world-version", "1", "--json", str(tmp_path / "a.json"))
+    assert f"built {world_dir}: seed 5, 2 tasks, world version 1" in capsys.readouterr().out
+    assert world.read_meta(world_dir).get("world_version", 1) == 1
+    _cli(monkeypatch, *common, "--json", str(tmp_path / "b.json"))  # a scripted agent takes the world that is there
+    assert json.loads((tmp_path / "b.json").read_text())["num_tasks"] == 2
+    policy_dir = shutil.copytree(checkpoint, tmp_path / "policy")
+    trained_env.write(policy_dir, dataclasses.replace(TRAINED, world={"world_version": 1}))
+    for args, match in [
+        (["--world", str(tmp_path / "w2"), "--policy", "naive", "--build-world-version", "1"],
+         "--build-world-version only applies with --build-seed"),
+        (["--world", str(tmp_path / "w3"), "--policy", str(policy_dir), "--build-seed", "5", "--build-world-version",
+          "2"], r"--world/--build-seed: world_version 2 is not the generation .* trained in \(1\)"),
+    ]:
+        with pytest.raises(SystemExit):
+            _cli(monkeypatch, *args, "--json", str(tmp_path / "c.json"))
+        assert re.search(match, capsys.readouterr().err), (args, match)
+    assert not (tmp_path / "w2").exists() and not (tmp_path / "w3").exists()
 
 
 def test_build_seed_from_the_command_line(checkpoint, tmp_path, monkeypatch, capsys):

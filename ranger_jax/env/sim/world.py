@@ -246,9 +246,9 @@ def read_meta(root: str | Path) -> dict[str, Any]:
     return meta
 
 
-def differences(root: str | Path, *, seed: int, num_tasks: int, world_version: int) -> list[str]:
+def differences(root: str | Path, *, seed: int, num_tasks: int, world_version: int | None) -> list[str]:
     """What differs between the world in `root` and the one wanted, each as "key found (wanted value)"; empty when
-    it is that world.
+    it is that world. `world_version` None accepts any generation.
 
     Raises:
         FileNotFoundError, ValueError: as `read_meta`.
@@ -257,7 +257,8 @@ def differences(root: str | Path, *, seed: int, num_tasks: int, world_version: i
     found = {"seed": meta.get("seed"), "num_tasks": meta.get("num_tasks"),
              "world_version": meta.get("world_version", 1)}
     wanted = {"seed": seed, "num_tasks": num_tasks, "world_version": world_version}
-    return [f"{key} {found[key]} (wanted {wanted[key]})" for key in wanted if found[key] != wanted[key]]
+    return [f"{key} {found[key]} (wanted {wanted[key]})" for key in wanted
+            if wanted[key] is not None and found[key] != wanted[key]]
 
 
 def load_world(root: str | Path) -> World:
