@@ -52,7 +52,9 @@ def main() -> None:
                              "(default: a checkpoint's ranger_env.json, else offline)")
     parser.add_argument("--build-seed", type=int, default=None,
                         help="build the world at --world from this seed first when it holds none, in the generation "
-                             "the checkpoint trained in (else the builder's default); an existing world must match")
+                             "the checkpoint trained in (else the builder's default); an existing world must have "
+                             "that seed and size, and the generation when the checkpoint or --build-world-version "
+                             "pins one")
     parser.add_argument("--build-tasks", type=int, default=100, help="tasks of a world --build-seed builds")
     parser.add_argument("--build-world-version", type=int, default=None,
                         help="generation of a world --build-seed builds (default: the checkpoint's, else the "
