@@ -40,14 +40,14 @@ def ensure_world(world_dir: str | os.PathLike, *, seed: int, num_tasks: int, pol
     """
     world_dir = Path(world_dir)
     recorded = trained_world_version(policy) if policy is not None else None
-    version = next(v for v in (world_version, recorded, build.DEFAULT_WORLD_VERSION) if v is not None)
+    pinned = world_version if world_version is not None else recorded
     if world_version is not None and recorded is not None and world_version != recorded:
         raise ValueError(f"world_version {world_version} is not the generation {policy} trained in ({recorded}); "
                          "leave it out to build the policy's")
     if (world_dir / world_lib.WORLD_FILE).exists():
-        pinned = world_version if world_version is not None else recorded
         differ = world_lib.differences(world_dir, seed=seed, num_tasks=num_tasks, world_version=pinned)
         if differ:
             raise ValueError(f"{world_dir} already holds another world: {', '.join(differ)}; pick a new folder")
         return world_dir, False
+    version = build.DEFAULT_WORLD_VERSION if pinned is None else pinned
     return build.build_world(world_dir, num_tasks, seed, world_version=version, progress=progress), True
