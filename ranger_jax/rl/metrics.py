@@ -203,9 +203,64 @@ def series(rows: Iterable[Mapping[str, Any]], key: str, *, x: str = "step") -> t
     return xs, np.asarray([points[v] for v in xs], np.float64)
 
 
+def _curves_figure(pyplot: Any, jsonl_paths: Sequence[str | os.PathLike], *, keys: Sequence[str],
+                   labels: Sequence[str] | None, x: str, title: str | None, log_keys: Sequence[str],
+                   reference: Mapping[str, Mapping[str, float]]) -> Any:
+    """The figure `plot_curves` saves (its arguments and errors)."""
+    if not keys:
+        raise ValueError("plot_curves needs at least one key")
+    for name, given in (("log_keys", log_keys), ("reference", list(reference))):
+        unknown = [k for k in given if k not in keys]
+        if unknown:
+            raise ValueError(f"{name} {unknown} are not among the plotted keys {list(keys)}")
+    for key, lines in reference.items():
+        for label, value in lines.items():
+            if not isinstance(value, numbers.Real) or isinstance(value, bool) or not math.isfinite(value):
+                raise ValueError(f"reference[{key!r}][{label!r}] must be a finite number, got {value!r}")
+    paths = [Path(p) for p in jsonl_paths]
+    labels = list(labels) if labels is not None else [p.parent.name or p.stem for p in paths]
+    if len(labels) != len(paths):
+        raise ValueError(f"{len(labels)} labels for {len(paths)} metrics files")
+    runs = [read_jsonl(p) for p in paths]
+    from matplotlib import ticker  # noqa: PLC0415
+
+    figure, axes = pyplot.subplots(len(keys), 1, figsize=(7, 2.6 * len(keys)), squeeze=False)
+    plotted = 0
+    for axis, key in zip(axes[:, 0], keys):
+        for rows, label in zip(runs, labels):
+            xs, ys = series(rows, key, x=x)
+            if key in log_keys:
+                xs, ys = xs[ys > 0], ys[ys > 0]
+            if xs.size:
+                axis.plot(xs, ys, marker="." if xs.size < 30 else None, label=label)
+                plotted += 1
+        for (label, value), style in zip(reference.get(key, {}).items(), ("--", ":", "-.") * 8):
+            axis.axhline(float(value), linestyle=style, color=f"C{len(axis.lines) + 1}", linewidth=1.2,
+                         label=f"{label}: {value:.3g}")
+        if key in log_keys and axis.lines:
+            axis.set_yscale("log")
+        axis.set_ylabel(key)
+        axis.set_xlabel(x)
+        axis.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))  # steps and rounds are whole numbers
+        axis.grid(alpha=0.3)
+        if len(axis.lines) > 1:
+            axis.legend(fontsize="small")
+    if not plotted:
+        pyplot.close(figure)
+        raise ValueError(f"none of the keys {list(keys)} (vs {x!r}) found in {[str(p) for p in paths]}")
+    if title:
+        figure.suptitle(title)
+    figure.tight_layout()
+    return figure
+
+
 def plot_curves(jsonl_paths: Sequence[str | os.PathLike], out_png: str | os.PathLike, *, keys: Sequence[str],
-                labels: Sequence[str] | None = None, x: str = "step", title: str | None = None) -> Path:
+                labels: Sequence[str] | None = None, x: str = "step", title: str | None = None,
+                log_keys: Sequence[str] = (), reference: Mapping[str, Mapping[str, float]] | None = None) -> Path:
     """Renders one panel per key with one line per JSONL file (e.g. reward and loss vs step of several runs).
+
+    Each panel has an x axis of its own: the stages of one run count their own steps (600 SFT steps beside 4 GRPO
+    steps), and a shared axis would squeeze the short ones into a corner.
 
     Args:
         jsonl_paths: metrics files (`MetricsWriter`'s `metrics.jsonl`, or the actor's per-round metrics).
@@ -214,12 +269,17 @@ def plot_curves(jsonl_paths: Sequence[str | os.PathLike], out_png: str | os.Path
         labels: one legend label per file (default: each file's folder name).
         x: the column on the x axis.
         title: figure title.
+        log_keys: keys whose panel gets a logarithmic y axis (losses over orders of magnitude; values ≤ 0 are
+            left out of those panels).
+        reference: key -> {label: value}: dashed horizontal lines on that key's panel, e.g. held-out scores
+            beside a training curve.
 
     Returns:
         `out_png`.
 
     Raises:
-        ValueError: no keys, labels that do not match the files, or none of the keys found in any file.
+        ValueError: no keys, labels that do not match the files, log or reference keys that are not among `keys`,
+            a reference value that is not a finite number, or none of the keys found in any file.
         FileNotFoundError: a missing file.
     """
     import matplotlib  # noqa: PLC0415 — heavy import, only when a figure is drawn
@@ -227,32 +287,8 @@ def plot_curves(jsonl_paths: Sequence[str | os.PathLike], out_png: str | os.Path
     matplotlib.use("Agg")
     from matplotlib import pyplot  # noqa: PLC0415
 
-    if not keys:
-        raise ValueError("plot_curves needs at least one key")
-    paths = [Path(p) for p in jsonl_paths]
-    labels = list(labels) if labels is not None else [p.parent.name or p.stem for p in paths]
-    if len(labels) != len(paths):
-        raise ValueError(f"{len(labels)} labels for {len(paths)} metrics files")
-    runs = [read_jsonl(p) for p in paths]
-    figure, axes = pyplot.subplots(len(keys), 1, figsize=(7, 2.6 * len(keys)), squeeze=False, sharex=True)
-    plotted = 0
-    for axis, key in zip(axes[:, 0], keys):
-        for rows, label in zip(runs, labels):
-            xs, ys = series(rows, key, x=x)
-            if xs.size:
-                axis.plot(xs, ys, marker="." if xs.size < 30 else None, label=label)
-                plotted += 1
-        axis.set_ylabel(key)
-        axis.grid(alpha=0.3)
-        if axis.lines:
-            axis.legend(fontsize="small")
-    if not plotted:
-        pyplot.close(figure)
-        raise ValueError(f"none of the keys {list(keys)} (vs {x!r}) found in {[str(p) for p in paths]}")
-    axes[-1, 0].set_xlabel(x)
-    if title:
-        figure.suptitle(title)
-    figure.tight_layout()
+    figure = _curves_figure(pyplot, jsonl_paths, keys=keys, labels=labels, x=x, title=title, log_keys=log_keys,
+                            reference=reference or {})
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=110)
     pyplot.close(figure)

@@ -888,7 +888,12 @@ def _run(config: SimTinyConfig, out: Path, actor_env: dict[str, str]) -> dict[st
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n", "utf-8")
     logged = {k for row in metrics_lib.read_jsonl(out / "metrics" / "metrics.jsonl") for k in row}
     keys = [k for k in ("sft/loss", "grpo/reward_mean", "grpo/loss", "grpo/idle_fraction") if k in logged]
+    # the GRPO rollouts' reward beside what the evaluation measured: the greedy policies on the held-out world
+    held_out = {"held-out naive": summary["naive_reward"], "held-out SFT (greedy)": summary["sft_reward"],
+                "held-out GRPO (greedy)": summary["grpo_reward"]}
     metrics_lib.plot_curves([out / "metrics" / "metrics.jsonl"], out / "curves.png", keys=keys,
-                            title=f"sim-tiny (seed {config.seed})")
+                            labels=["GRPO rollouts (sampled)"], title=f"sim-tiny (seed {config.seed})",
+                            log_keys=[k for k in keys if k.endswith("loss") and k.startswith("sft")],
+                            reference={"grpo/reward_mean": held_out} if "grpo/reward_mean" in keys else None)
     viewer.write_viewer(out / "eval_grpo.array_record", out / "viewer.html", limit=40)
     return summary

@@ -106,3 +106,43 @@ def test_zero_variance_share():
     assert math.isnan(metrics.zero_variance_share([]))
     with pytest.raises(ValueError, match="group 1 has no rewards"):
         metrics.zero_variance_share([[1.0], []])
+
+
+def test_curves_figure_gives_each_panel_its_own_steps_log_losses_and_reference_lines(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    with metrics.MetricsWriter(tmp_path / "run") as sink:
+        for step in range(600):
+            sink.write(step, {"sft": {"loss": 8.0 / (step + 1)}})
+        for step in range(1, 5):
+            sink.write(step, {"grpo": {"reward_mean": 0.3 + 0.01 * step}})
+    paths = [tmp_path / "run" / "metrics.jsonl"]
+    figure = metrics._curves_figure(
+        pyplot, paths, keys=["sft/loss", "grpo/reward_mean"], labels=["rollouts"], x="step", title="t",
+        log_keys=["sft/loss"], reference={"grpo/reward_mean": {"held-out SFT": 0.341, "held-out GRPO": 0.32}})
+    try:
+        sft_axis, grpo_axis = figure.axes
+        assert sft_axis.get_yscale() == "log" and grpo_axis.get_yscale() == "linear"
+        assert sft_axis.get_xlim()[1] > 500 and grpo_axis.get_xlim()[1] < 10  # not squeezed onto SFT's 600 steps
+        assert all(float(t).is_integer() for t in grpo_axis.get_xticks())
+        lines = {line.get_label(): line for line in grpo_axis.lines}
+        assert set(lines) == {"rollouts", "held-out SFT: 0.341", "held-out GRPO: 0.32"}
+        assert list(lines["held-out SFT: 0.341"].get_ydata()) == [0.341, 0.341]
+        assert grpo_axis.get_legend() is not None and sft_axis.get_legend() is None  # one line needs no legend
+    finally:
+        pyplot.close(figure)
+
+    out = metrics.plot_curves(paths, tmp_path / "curves.png", keys=["sft/loss", "grpo/reward_mean"],
+                              log_keys=["sft/loss"], reference={"grpo/reward_mean": {"held-out SFT": 0.341}})
+    assert Image.open(out).format == "PNG"
+    with pytest.raises(ValueError, match=r"log_keys \['grpo/loss'\] are not among the plotted keys"):
+        metrics.plot_curves(paths, tmp_path / "x.png", keys=["sft/loss"], log_keys=["grpo/loss"])
+    with pytest.raises(ValueError, match=r"reference \['sft/acc'\] are not among the plotted keys"):
+        metrics.plot_curves(paths, tmp_path / "x.png", keys=["sft/loss"], reference={"sft/acc": {"a": 1.0}})
+    with pytest.raises(ValueError, match=r"reference\['sft/loss'\]\['target'\] must be a finite number, got nan"):
+        metrics.plot_curves(paths, tmp_path / "x.png", keys=["sft/loss"],
+                            reference={"sft/loss": {"target": float("nan")}})
+    assert not (tmp_path / "x.png").exists()
