@@ -13,6 +13,7 @@ need the pure helpers (actors) do not pay for them.
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import math
 import numbers
@@ -203,10 +204,15 @@ def series(rows: Iterable[Mapping[str, Any]], key: str, *, x: str = "step") -> t
     return xs, np.asarray([points[v] for v in xs], np.float64)
 
 
-def _curves_figure(pyplot: Any, jsonl_paths: Sequence[str | os.PathLike], *, keys: Sequence[str],
-                   labels: Sequence[str] | None, x: str, title: str | None, log_keys: Sequence[str],
+def _curves_figure(jsonl_paths: Sequence[str | os.PathLike], *, keys: Sequence[str], labels: Sequence[str] | None,
+                   x: str, title: str | None, log_keys: Sequence[str],
                    reference: Mapping[str, Mapping[str, float]]) -> Any:
-    """The figure `plot_curves` saves (its arguments and errors)."""
+    """The figure `plot_curves` saves (its arguments and errors); the caller closes it."""
+    import matplotlib  # noqa: PLC0415 — heavy import, only when a figure is drawn
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot, ticker  # noqa: PLC0415
+
     if not keys:
         raise ValueError("plot_curves needs at least one key")
     for name, given in (("log_keys", log_keys), ("reference", list(reference))):
@@ -222,8 +228,6 @@ def _curves_figure(pyplot: Any, jsonl_paths: Sequence[str | os.PathLike], *, key
     if len(labels) != len(paths):
         raise ValueError(f"{len(labels)} labels for {len(paths)} metrics files")
     runs = [read_jsonl(p) for p in paths]
-    from matplotlib import ticker  # noqa: PLC0415
-
     figure, axes = pyplot.subplots(len(keys), 1, figsize=(7, 2.6 * len(keys)), squeeze=False)
     plotted = 0
     for axis, key in zip(axes[:, 0], keys):
@@ -234,7 +238,7 @@ def _curves_figure(pyplot: Any, jsonl_paths: Sequence[str | os.PathLike], *, key
             if xs.size:
                 axis.plot(xs, ys, marker="." if xs.size < 30 else None, label=label)
                 plotted += 1
-        for (label, value), style in zip(reference.get(key, {}).items(), ("--", ":", "-.") * 8):
+        for (label, value), style in zip(reference.get(key, {}).items(), itertools.cycle(("--", ":", "-."))):
             axis.axhline(float(value), linestyle=style, color=f"C{len(axis.lines) + 1}", linewidth=1.2,
                          label=f"{label}: {value:.3g}")
         if key in log_keys and axis.lines:
@@ -282,15 +286,12 @@ def plot_curves(jsonl_paths: Sequence[str | os.PathLike], out_png: str | os.Path
             a reference value that is not a finite number, or none of the keys found in any file.
         FileNotFoundError: a missing file.
     """
-    import matplotlib  # noqa: PLC0415 — heavy import, only when a figure is drawn
-
-    matplotlib.use("Agg")
-    from matplotlib import pyplot  # noqa: PLC0415
-
-    figure = _curves_figure(pyplot, jsonl_paths, keys=keys, labels=labels, x=x, title=title, log_keys=log_keys,
+    figure = _curves_figure(jsonl_paths, keys=keys, labels=labels, x=x, title=title, log_keys=log_keys,
                             reference=reference or {})
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=110)
+    from matplotlib import pyplot  # noqa: PLC0415 — loaded by _curves_figure
+
     pyplot.close(figure)
     fileio.write_atomic(out_png, buffer.getvalue())
     return Path(out_png)

@@ -893,7 +893,7 @@ def _run(config: SimTinyConfig, out: Path, actor_env: dict[str, str]) -> dict[st
                 "held-out GRPO (greedy)": summary["grpo_reward"]}
     metrics_lib.plot_curves([out / "metrics" / "metrics.jsonl"], out / "curves.png", keys=keys,
                             labels=["GRPO rollouts (sampled)"], title=f"sim-tiny (seed {config.seed})",
-                            log_keys=[k for k in keys if k.endswith("loss") and k.startswith("sft")],
+                            log_keys=[k for k in keys if k == "sft/loss"],
                             reference={"grpo/reward_mean": held_out} if "grpo/reward_mean" in keys else None)
     viewer.write_viewer(out / "eval_grpo.array_record", out / "viewer.html", limit=40)
     return summary

@@ -109,11 +109,6 @@ def test_zero_variance_share():
 
 
 def test_curves_figure_gives_each_panel_its_own_steps_log_losses_and_reference_lines(tmp_path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib import pyplot
-
     with metrics.MetricsWriter(tmp_path / "run") as sink:
         for step in range(600):
             sink.write(step, {"sft": {"loss": 8.0 / (step + 1)}})
@@ -121,8 +116,10 @@ def test_curves_figure_gives_each_panel_its_own_steps_log_losses_and_reference_l
             sink.write(step, {"grpo": {"reward_mean": 0.3 + 0.01 * step}})
     paths = [tmp_path / "run" / "metrics.jsonl"]
     figure = metrics._curves_figure(
-        pyplot, paths, keys=["sft/loss", "grpo/reward_mean"], labels=["rollouts"], x="step", title="t",
+        paths, keys=["sft/loss", "grpo/reward_mean"], labels=["rollouts"], x="step", title="t",
         log_keys=["sft/loss"], reference={"grpo/reward_mean": {"held-out SFT": 0.341, "held-out GRPO": 0.32}})
+    from matplotlib import pyplot  # loaded with the Agg backend by _curves_figure
+
     try:
         sft_axis, grpo_axis = figure.axes
         assert sft_axis.get_yscale() == "log" and grpo_axis.get_yscale() == "linear"
