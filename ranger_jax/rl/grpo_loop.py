@@ -16,7 +16,8 @@ With several learner processes (a pod), every process runs this loop: process 0 
 round, the others train on the round it picked (each on its own share of the groups) and publish with it.
 
 A round is the learner's unit of data: an actor with `--tasks-per-round R` and group size G writes R·G
-trajectories per round, and one step trains on one round (the batch spec's batch size should be R·G).
+trajectories per round, and one step trains on one round: in one batch (the batch spec's batch size R·G), or, with
+`one_update_per_round`, in batches of a few groups whose gradients make one update (the spec then bounds memory).
 """
 
 from __future__ import annotations
@@ -63,6 +64,9 @@ class GrpoLoopConfig:
     # "group": one GRPO advantage per row; "prefix-tree": per token, from the group's tree of shared prefixes
     # (`grpo.prefix_tree_advantages`: only tokens where members took different ways carry a signal)
     advantages: str = "group"
+    # True: all of a round's batches make one update (gradients accumulated, `Learner.accumulated_step`), so the
+    # batch spec bounds the learner's memory, not the update; False: one update per batch of the round
+    one_update_per_round: bool = False
 
     def __post_init__(self):
         if self.advantages not in pipeline.ADVANTAGE_ESTIMATORS:
@@ -284,8 +288,12 @@ def run(learner: learner_lib.Learner, *, shards_dir: str | os.PathLike, weights_
                                                   advantages=config.advantages,
                                                   seed=learner.step_count + skipped_rounds)
             step_metrics: dict[str, float] = {}
-            for batch in _same_count(list(dataset), paths):
-                step_metrics = learner.step(batch)
+            batches = _same_count(list(dataset), paths)
+            if config.one_update_per_round and batches:
+                step_metrics = learner.accumulated_step(batches)
+            else:
+                for batch in batches:
+                    step_metrics = learner.step(batch)
             episodes += len(records)
             if learner.step_count != current["version"]:  # a round with nothing to train publishes nothing new
                 current["version"] = learner.step_count

@@ -22,7 +22,7 @@ import dataclasses
 import logging
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -288,6 +288,41 @@ class Learner:
             log.info("learner: compiling the train step for batch shapes %s", dict(shapes))
         with self._mesh_context():
             self.state, metrics = train_step_lib.jit_train_step(self.state, arrays)
+        return {k: float(v) for k, v in jax.device_get(metrics).items()}
+
+    def accumulated_step(self, batches: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+        """One optimizer update from several batches, as `step` would make it from their rows in one batch (the
+        normalisers are the whole update's; only float rounding differs): a batch then bounds what the learner
+        holds at once, not how much data an update takes. The batches are placed one at a time; batches of one
+        shape share one compiled program. One batch is `step(batch)`.
+
+        Returns:
+            The update's metrics, as `step` returns them.
+
+        Raises:
+            ValueError: no batches, or what `check_batch` finds in one (named by its index).
+        """
+        if not batches:
+            raise ValueError("Learner.accumulated_step needs at least one batch; got none")
+        if len(batches) == 1:
+            return self.step(batches[0])
+        checked = []
+        for index, batch in enumerate(batches):
+            try:
+                check_batch(batch, self.config, self.model_config, self.mesh)
+            except ValueError as err:
+                raise ValueError(f"batch {index} of {len(batches)}: {err}") from None
+            checked.append(batch)
+        with self._mesh_context():
+            totals = None
+            for batch in checked:  # the update's normalisers first: each share is its part of the whole
+                part = train_step_lib.jit_update_totals(self._place_batch(batch))
+                totals = part if totals is None else jax.tree.map(jnp.add, totals, part)
+            shares = None
+            for batch in checked:
+                share = train_step_lib.jit_batch_share(self.state, self._train_arrays(batch), totals)
+                shares = share if shares is None else train_step_lib.jit_add_shares(shares, share)
+            self.state, metrics = train_step_lib.jit_apply_shares(self.state, shares, totals)
         return {k: float(v) for k, v in jax.device_get(metrics).items()}
 
     def gradient(self, batch: Mapping[str, Any]) -> np.ndarray:

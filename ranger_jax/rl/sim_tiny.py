@@ -150,6 +150,11 @@ class SimTinyConfig:
     # grpo_tasks_per_step x group_size episodes run in batches of at most this many. Measured on 2 CPU cores
     # (docs/sim_tiny.md): 2.3 episodes/s with 32 rows, 0.88 with 240 (decode time grows with the rows)
     actor_concurrency: int = 32
+    # GRPO episodes per learner batch (whole groups, at least one): a larger step runs in several batches that make
+    # its one update (gradients accumulated, `Learner.accumulated_step`), so the learner's memory follows this and
+    # not the step's size. One batch of 960 episodes (120 groups of 8) took the learner to ~18 GB on 2 CPU cores.
+    # Every named schedule's steps fit one batch, so their updates are those measured
+    grpo_learner_rows: int = 240
     # with small steps (32 episodes, every parameter) from one SFT policy (held-out reward 0.275): 1e-4 -> 0.257,
     # 3e-4 -> 0.221, 1e-3 -> 0 (docs/sim_tiny.md); the large decision-sampled steps of attention alone take 3e-4
     grpo_learning_rate: float = 3e-4
@@ -209,7 +214,8 @@ class SimTinyConfig:
 
     def __post_init__(self):
         for name in ("sft_worlds", "tasks_per_world", "grpo_tasks", "eval_tasks", "sft_steps", "sft_batch",
-                     "grpo_tasks_per_step", "group_size", "actor_concurrency", "max_new_tokens"):
+                     "grpo_tasks_per_step", "group_size", "actor_concurrency", "grpo_learner_rows",
+                     "max_new_tokens"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"SimTinyConfig.{name} must be a positive int; got {value!r}")
@@ -756,13 +762,19 @@ def next_sft_steps(config: SimTinyConfig, done: int, recent_loss: float | None) 
     return min(config.sft_steps + (beyond // config.sft_extension_steps + 1) * config.sft_extension_steps, last)
 
 
+def learner_groups(config: SimTinyConfig) -> int:
+    """GRPO groups per learner batch: a step's, or as many as `grpo_learner_rows` holds (at least one) if fewer (the
+    step then spans batches)."""
+    return min(config.grpo_tasks_per_step, max(1, config.grpo_learner_rows // config.group_size))
+
+
 def grpo_batch_spec(config: SimTinyConfig, tokenizer: Any) -> batching.BatchSpec:
-    """One round per batch; with `shared_prefix`, each group's shared context is one prefix row
-    (`data.shared_prefix`)."""
-    spec = batch_spec(tokenizer, grpo_rows(config))
+    """Batches of `learner_groups` groups (a round is one or several, one update either way); with
+    `shared_prefix`, each group's shared context is one prefix row (`data.shared_prefix`)."""
+    spec = batch_spec(tokenizer, learner_groups(config) * config.group_size)
     if not config.shared_prefix:
         return spec
-    return dataclasses.replace(spec, prefix_rows=config.grpo_tasks_per_step,
+    return dataclasses.replace(spec, prefix_rows=learner_groups(config),
                                suffix_buckets=(64, 128, 256, 512, 1024, 2048))
 
 
@@ -784,7 +796,7 @@ def run_grpo(config: SimTinyConfig, model: Any, tokenizer_dir: Path, env_file: P
         learner, shards_dir=shards_dir, weights_dir=weights_dir,
         spec=grpo_batch_spec(config, tokenizer),
         config=grpo_loop.GrpoLoopConfig(num_steps=config.grpo_steps, max_staleness=config.max_staleness,
-                                        advantages=config.advantages),
+                                        advantages=config.advantages, one_update_per_round=True),
         vision=tiny_policy.VISION, tokenizer_dir=policy_files, actor_commands=[command],
         filter_config=filters.FilterConfig(trim_untrained_tail=True), actor_metrics={"actor0": actor_metrics},
         actor_env=actor_env, metrics=metrics, progress=config.progress, augment=augment)

@@ -254,11 +254,13 @@ def decode_shared(model: model_lib.Qwen3VL, embeds: tuple[jax.Array, jax.Array],
 # ----- the step ----------------------------------------------------------------------------------------------------
 
 
-def _gradients(state: TrainState, trained: nnx.State, frozen: nnx.State, batch: Mapping[str, jax.Array], rules: str):
-    """(loss, metrics, gradients of `trained` in float32) of the whole batch, microbatched as configured."""
+def _gradients(state: TrainState, trained: nnx.State, frozen: nnx.State, batch: Mapping[str, jax.Array], rules: str,
+               totals: Mapping[str, jax.Array] | None = None):
+    """(loss, metrics, totals, gradients of `trained` in float32) of the whole batch, microbatched as configured.
+    `totals`: the normalisers of an update this batch is one part of (`accumulate`); default: the batch's own."""
     config = state.config
     objective = objectives.get_objective(config.objective)
-    totals = objectives.batch_totals(batch)
+    totals = objectives.batch_totals(batch) if totals is None else totals
 
     def model_of(params):
         return nnx.merge(state.graphdef, nnx.merge_state(params, frozen))
@@ -321,10 +323,16 @@ def train_step(state: TrainState, batch: Mapping[str, jax.Array]) -> tuple[Train
         (new state, metrics): float32 scalars "loss", "grad_norm" (before clipping), "learning_rate" (of this
         update), "tokens" (trained tokens) and the objective's own metrics.
     """
-    config = state.config
     rules = state.model().config.sharding_rules
-    trained, frozen = split_trainable(state.params, config)
+    trained, frozen = split_trainable(state.params, state.config)
     loss, metrics, totals, grads = _gradients(state, trained, frozen, batch, rules)
+    return _update(state, trained, frozen, loss, metrics, totals, grads, rules)
+
+
+def _update(state: TrainState, trained: nnx.State, frozen: nnx.State, loss: jax.Array, metrics: dict[str, jax.Array],
+            totals: Mapping[str, jax.Array], grads: nnx.State, rules: str) -> tuple[TrainState, dict[str, jax.Array]]:
+    """The optimizer update from an update's summed loss, metrics and float32 gradients, and its metrics."""
+    config = state.config
     grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, trained)
     grad_norm = optax.global_norm(grads)
     updates, opt_state = optim.make_optimizer(config).update(grads, state.opt_state, trained)
@@ -343,6 +351,53 @@ def train_step(state: TrainState, batch: Mapping[str, jax.Array]) -> tuple[Train
 
 
 jit_train_step = jax.jit(train_step, donate_argnums=0)
+
+
+# ----- one update from several batches ----------------------------------------------------------------------------
+#
+# A batch bounds what the learner holds at once; an update may span several (e.g. a GRPO round of thousands of
+# episodes, in batches of a few groups). `update_totals` of each batch are summed first; each batch then gives its
+# share of the update's loss, metrics and gradient (`batch_share`, normalised by those totals, so the shares add up
+# to the whole), `add_shares` sums them, and `apply_shares` makes the one optimizer update. Between batches the
+# learner holds the parameters, the optimizer state and one gradient's worth of sums.
+
+
+def update_totals(batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+    """A batch's normalisers (trained tokens, rows with a trained token); an update's are the sum over its
+    batches."""
+    return objectives.batch_totals(batch)
+
+
+def batch_share(state: TrainState, batch: Mapping[str, jax.Array], totals: Mapping[str, jax.Array]
+                ) -> dict[str, Any]:
+    """`batch`'s share of the update whose normalisers are `totals`: {"loss", "metrics", "grads" (float32)}."""
+    rules = state.model().config.sharding_rules
+    trained, frozen = split_trainable(state.params, state.config)
+    loss, metrics, _, grads = _gradients(state, trained, frozen, batch, rules, totals=totals)
+    return {"loss": loss, "metrics": metrics, "grads": grads}
+
+
+def add_shares(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Two shares of one update summed (metrics by their reduction: ratio extremes by max / min, the rest summed)."""
+    combine = {jnp.max: jnp.maximum, jnp.min: jnp.minimum}
+    return {"loss": a["loss"] + b["loss"],
+            "metrics": {k: combine.get(objectives.METRIC_REDUCTIONS.get(k), jnp.add)(v, b["metrics"][k])
+                        for k, v in a["metrics"].items()},
+            "grads": jax.tree.map(jnp.add, a["grads"], b["grads"])}
+
+
+def apply_shares(state: TrainState, shares: dict[str, Any], totals: Mapping[str, jax.Array]
+                 ) -> tuple[TrainState, dict[str, jax.Array]]:
+    """The one optimizer update of the summed `shares` of an update, and its metrics (`train_step`'s); pure."""
+    rules = state.model().config.sharding_rules
+    trained, frozen = split_trainable(state.params, state.config)
+    return _update(state, trained, frozen, shares["loss"], shares["metrics"], totals, shares["grads"], rules)
+
+
+jit_update_totals = jax.jit(update_totals)
+jit_batch_share = jax.jit(batch_share)
+jit_add_shares = jax.jit(add_shares, donate_argnums=0)
+jit_apply_shares = jax.jit(apply_shares, donate_argnums=0)
 
 
 def batch_gradient(state: TrainState, batch: Mapping[str, jax.Array]) -> jax.Array:

@@ -191,3 +191,47 @@ def test_a_sharded_shared_prefix_step_equals_the_single_device_full_rows(tiny_ch
     np.testing.assert_allclose(sharded.logprobs(plain), single.logprobs(plain), atol=1e-5)
     with pytest.raises(ValueError, match=r"\(3 rows / grad_accum_steps 1 = 3\) are not divisible"):
         sharded.step(shared_prefix.collate_shared(units, SHARED))
+
+
+@pytest.mark.parametrize("learner_config", [GRPO, KL_TIS], ids=["sampler", "kl"])
+def test_an_update_over_several_batches_is_the_update_of_their_rows_in_one(tiny_checkpoint, units, learner_config):
+    # a GRPO round in batches of a few groups: the normalisers are the round's, so the update is the whole one
+    whole = shared_prefix.collate_shared(units, SHARED)
+    parts = [shared_prefix.collate_shared(units[:2], SHARED), shared_prefix.collate_shared(units[2:], SHARED)]
+    a, b = Learner(load(tiny_checkpoint), learner_config), Learner(load(tiny_checkpoint), learner_config)
+    one, many = a.step(whole), b.accumulated_step(parts)
+    assert set(one) == set(many) and b.step_count == 1
+    for key, value in one.items():
+        assert many[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+    plain = batching.collate([r for u in units for r in u], PLAIN)
+    np.testing.assert_allclose(b.logprobs(plain), a.logprobs(plain), rtol=1e-5, atol=1e-5)
+    # each part alone is another update: the shares are parts of the whole, not means of their own
+    c = Learner(load(tiny_checkpoint), learner_config)
+    assert c.step(parts[0])["loss"] != pytest.approx(one["loss"], rel=1e-3)
+
+
+def test_an_update_over_several_plain_batches_on_a_mesh_is_the_single_device_update(tiny_checkpoint, units):
+    mesh = mesh_lib.make_mesh(data=2, fsdp=2, tensor=2)
+    rows = [r for u in units for r in u]
+    spec = dataclasses.replace(PLAIN, batch_size=4)
+    sft = LearnerConfig(objective="sft", learning_rate=1e-3)
+    plain_rows = [{k: v for k, v in r.items() if k != "advantage"} for r in rows]
+    single = Learner(load(tiny_checkpoint), sft)
+    sharded = Learner(load(tiny_checkpoint, mesh=mesh), sft, mesh=mesh)
+    expected = single.step(batching.collate(plain_rows, PLAIN))
+    got = sharded.accumulated_step([batching.collate(plain_rows[:4], spec), batching.collate(plain_rows[4:], spec)])
+    for key, value in expected.items():
+        assert got[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+    full = batching.collate(plain_rows, PLAIN)  # Adam turns summation-order differences into last bits
+    np.testing.assert_allclose(sharded.logprobs(full), single.logprobs(full), rtol=1e-5, atol=1e-5)
+
+
+def test_accumulated_step_errors_name_the_batch(tiny_checkpoint, units):
+    learner = Learner(load(tiny_checkpoint), GRPO)
+    with pytest.raises(ValueError, match="needs at least one batch; got none"):
+        learner.accumulated_step([])
+    good = shared_prefix.collate_shared(units[:2], SHARED)
+    bad = {k: v for k, v in shared_prefix.collate_shared(units[2:], SHARED).items() if k != "advantages"}
+    with pytest.raises(ValueError, match=r"batch 1 of 2: the batch lacks \['advantages'\]"):
+        learner.accumulated_step([good, bad])
+    assert learner.step_count == 0

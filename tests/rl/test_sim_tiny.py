@@ -26,7 +26,8 @@ MICRO = sim_tiny.SimTinyConfig(
     sft_worlds=1, tasks_per_world=4, grpo_tasks=4, eval_tasks=4, sft_steps=2, sft_batch=4, grpo_steps=2,
     copy_warmup_steps=2, first_turn_steps=2, first_turn_max_steps=3, copy_rehearsal=True, branch_turns=(0, 1),
     sft_target_loss=1e-6, sft_extension_steps=1, sft_max_extra_steps=2,
-    grpo_tasks_per_step=1, group_size=2, actor_concurrency=1, max_new_tokens=24, progress=False,
+    grpo_tasks_per_step=2, group_size=2, grpo_learner_rows=2, actor_concurrency=1, max_new_tokens=24,
+    progress=False,
     teacher_min_reward=0.0, grpo_augment=True,
     advantages="prefix-tree", grpo_frozen=("embed_tokens", "mlp"), greedy_member=True, draw_below=1.0, max_draws=0,
     size=tiny_policy.TinyPolicySize(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
@@ -85,7 +86,8 @@ def test_outputs_exist(run, every_program_cacheable):
 def test_grpo_ran_decoupled_with_versions_and_staleness(run):
     out, summary = run
     grpo = summary["grpo"]
-    assert grpo["num_steps"] == 2 and grpo["final_version"] == 2 and grpo["episodes"] >= 4
+    # each step's two groups ran as two learner batches (grpo_learner_rows) that made one update
+    assert grpo["num_steps"] == 2 and grpo["final_version"] == 2 and grpo["episodes"] == 8
     assert all(int(k) >= 0 for k in grpo["staleness"]) and sum(grpo["staleness"].values()) == grpo["episodes"]
     records = _records(out / "grpo_shards")
     assert {t.policy_version for t in records} <= {0, 1, 2} and 0 in {t.policy_version for t in records}
@@ -192,6 +194,19 @@ def test_large_steps_run_through_the_actor_in_batches_of_its_concurrency(tmp_pat
     known = "default, groups-of-4, three-steps, small-steps, large-batch, decision-batch"
     with pytest.raises(ValueError, match=f"unknown GRPO schedule 'huge'; known: {known}"):
         sim_tiny.configure(grpo_schedule="huge")
+
+
+def test_a_grpo_step_above_the_learner_batch_runs_in_batches_of_whole_groups():
+    # every named schedule's step is one learner batch, as measured; a larger step spans batches of whole groups
+    for name in sim_tiny.GRPO_SCHEDULES:
+        config = sim_tiny.configure(grpo_schedule=name)
+        assert sim_tiny.learner_groups(config) == config.grpo_tasks_per_step, name
+    big = dataclasses.replace(sim_tiny.configure(), grpo_tasks_per_step=120)  # 960 episodes a step
+    assert sim_tiny.learner_groups(big) == 30 and sim_tiny.grpo_rows(big) == 960
+    assert sim_tiny.learner_groups(dataclasses.replace(big, grpo_learner_rows=100)) == 12
+    assert sim_tiny.learner_groups(dataclasses.replace(big, grpo_learner_rows=3)) == 1  # at least one group
+    with pytest.raises(ValueError, match="grpo_learner_rows must be a positive int; got 0"):
+        dataclasses.replace(big, grpo_learner_rows=0)
 
 
 def test_default_grpo_draws_uncertain_tokens_in_large_steps_and_trains_attention_alone(tmp_path):
