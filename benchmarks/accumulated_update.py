@@ -29,7 +29,6 @@ import shared_prefix_learner as groups_lib  # noqa: E402  (the same synthetic gr
 
 
 def _child(args: argparse.Namespace) -> None:
-
     import jax
 
     from ranger_jax.data import batching, shared_prefix
