@@ -191,16 +191,20 @@ def test_large_steps_run_through_the_actor_in_batches_of_its_concurrency(tmp_pat
     assert (config.draw_below, config.max_draws, config.grpo_frozen) == (1.0, 0, ())  # as measured: every token
     with pytest.raises(ValueError, match="actor_concurrency must be a positive int"):
         dataclasses.replace(config, actor_concurrency=0)
-    known = "default, groups-of-4, three-steps, small-steps, large-batch, decision-batch"
+    known = "default, groups-of-4, three-steps, small-steps, large-batch, decision-batch, long"
     with pytest.raises(ValueError, match=f"unknown GRPO schedule 'huge'; known: {known}"):
         sim_tiny.configure(grpo_schedule="huge")
 
 
 def test_a_grpo_step_above_the_learner_batch_runs_in_batches_of_whole_groups():
-    # every named schedule's step is one learner batch, as measured; a larger step spans batches of whole groups
+    # every named schedule's step but "long" is one learner batch, as measured; a larger step spans batches of
+    # whole groups
     for name in sim_tiny.GRPO_SCHEDULES:
         config = sim_tiny.configure(grpo_schedule=name)
-        assert sim_tiny.learner_groups(config) == config.grpo_tasks_per_step, name
+        batches = -(-config.grpo_tasks_per_step // sim_tiny.learner_groups(config))
+        assert batches == (4 if name == "long" else 1), name
+    long = sim_tiny.configure(grpo_schedule="long")  # 8 steps of 960 episodes, each task of its world once
+    assert (long.grpo_steps, long.grpo_tasks_per_step, long.group_size, long.grpo_tasks) == (8, 120, 8, 960)
     big = dataclasses.replace(sim_tiny.configure(), grpo_tasks_per_step=120)  # 960 episodes a step
     assert sim_tiny.learner_groups(big) == 30 and sim_tiny.grpo_rows(big) == 960
     assert sim_tiny.learner_groups(dataclasses.replace(big, grpo_learner_rows=100)) == 12
