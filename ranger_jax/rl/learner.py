@@ -316,7 +316,7 @@ class Learner:
         with self._mesh_context():
             totals = None
             for batch in checked:  # the update's normalisers first: each share is its part of the whole
-                part = train_step_lib.jit_update_totals(self._place_batch(batch))
+                part = train_step_lib.jit_batch_totals(self._place_batch(batch))
                 totals = part if totals is None else jax.tree.map(jnp.add, totals, part)
             shares = None
             for batch in checked:

@@ -310,8 +310,8 @@ GRPO_SCHEDULES: dict[str, dict[str, Any]] = {
     # task once; each step trains as 4 learner batches making one update. On the two fresh 300-task worlds no
     # setting was chosen on (600 tasks), GRPO - SFT +0.034 (0.013), +0.014 (0.010), +0.026 (0.013), +0.076 (0.018),
     # +0.085 (0.017) on seeds 0, 1, 3, 4, 5 (docs/sim_tiny.md, "Eight steps of 960 episodes"), where the default
-    # gives +0.008, +0.006, -0.006, -0.009, +0.029; ~19-22
-    # minutes of GRPO on 2 CPU cores, ~30 in all, beyond the 20-minute budget
+    # gives +0.008, +0.006, -0.006, -0.009, +0.029; ~19-22 minutes of GRPO on 2 CPU cores, ~30 in all, beyond the
+    # 20-minute budget
     "long": {"grpo_tasks": 960, "grpo_tasks_per_step": 120, "grpo_steps": 8},
 }
 

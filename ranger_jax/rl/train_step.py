@@ -257,7 +257,7 @@ def decode_shared(model: model_lib.Qwen3VL, embeds: tuple[jax.Array, jax.Array],
 def _gradients(state: TrainState, trained: nnx.State, frozen: nnx.State, batch: Mapping[str, jax.Array], rules: str,
                totals: Mapping[str, jax.Array] | None = None):
     """(loss, metrics, totals, gradients of `trained` in float32) of the whole batch, microbatched as configured.
-    `totals`: the normalisers of an update this batch is one part of (`accumulate`); default: the batch's own."""
+    `totals`: the normalisers of an update this batch is one part of (`batch_share`); default: the batch's own."""
     config = state.config
     objective = objectives.get_objective(config.objective)
     totals = objectives.batch_totals(batch) if totals is None else totals
@@ -356,16 +356,10 @@ jit_train_step = jax.jit(train_step, donate_argnums=0)
 # ----- one update from several batches ----------------------------------------------------------------------------
 #
 # A batch bounds what the learner holds at once; an update may span several (e.g. a GRPO round of thousands of
-# episodes, in batches of a few groups). `update_totals` of each batch are summed first; each batch then gives its
-# share of the update's loss, metrics and gradient (`batch_share`, normalised by those totals, so the shares add up
-# to the whole), `add_shares` sums them, and `apply_shares` makes the one optimizer update. Between batches the
-# learner holds the parameters, the optimizer state and one gradient's worth of sums.
-
-
-def update_totals(batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
-    """A batch's normalisers (trained tokens, rows with a trained token); an update's are the sum over its
-    batches."""
-    return objectives.batch_totals(batch)
+# episodes, in batches of a few groups). Each batch's `objectives.batch_totals` are summed first; each batch then
+# gives its share of the update's loss, metrics and gradient (`batch_share`, normalised by those totals, so the
+# shares add up to the whole), `add_shares` sums them, and `apply_shares` makes the one optimizer update. Between
+# batches the learner holds the parameters, the optimizer state and one gradient's worth of sums.
 
 
 def batch_share(state: TrainState, batch: Mapping[str, jax.Array], totals: Mapping[str, jax.Array]
@@ -378,10 +372,9 @@ def batch_share(state: TrainState, batch: Mapping[str, jax.Array], totals: Mappi
 
 
 def add_shares(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-    """Two shares of one update summed (metrics by their reduction: ratio extremes by max / min, the rest summed)."""
-    combine = {jnp.max: jnp.maximum, jnp.min: jnp.minimum}
+    """Two shares of one update summed (metrics reduced as microbatches' are: `objectives.METRIC_REDUCTIONS`)."""
     return {"loss": a["loss"] + b["loss"],
-            "metrics": {k: combine.get(objectives.METRIC_REDUCTIONS.get(k), jnp.add)(v, b["metrics"][k])
+            "metrics": {k: objectives.METRIC_REDUCTIONS.get(k, jnp.sum)(jnp.stack([v, b["metrics"][k]]), axis=0)
                         for k, v in a["metrics"].items()},
             "grads": jax.tree.map(jnp.add, a["grads"], b["grads"])}
 
@@ -394,7 +387,7 @@ def apply_shares(state: TrainState, shares: dict[str, Any], totals: Mapping[str,
     return _update(state, trained, frozen, shares["loss"], shares["metrics"], totals, shares["grads"], rules)
 
 
-jit_update_totals = jax.jit(update_totals)
+jit_batch_totals = jax.jit(objectives.batch_totals)
 jit_batch_share = jax.jit(batch_share)
 jit_add_shares = jax.jit(add_shares, donate_argnums=0)
 jit_apply_shares = jax.jit(apply_shares, donate_argnums=0)
