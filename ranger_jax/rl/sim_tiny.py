@@ -82,8 +82,8 @@ class SimTinyConfig:
     # 0.17, 12 worlds -> 0.47 with the same SFT steps. The policy is short of examples, not of steps.
     sft_worlds: int = 12
     tasks_per_world: int = 40
-    # the GRPO world; each step's 60 tasks are drawn from an endless shuffled stream of them
-    grpo_tasks: int = 240
+    # the GRPO world; each step's tasks are drawn from an endless shuffled stream of them (by default each task once)
+    grpo_tasks: int = 960
     eval_tasks: int = 100
     # The world generation the run builds. 1: the first offline world (one fact sheet per release, clean searches),
     # where the three-call teacher reaches ~0.7. World 2 (dead links, leaks, spread facts, two subjects) needs the
@@ -132,19 +132,17 @@ class SimTinyConfig:
     # Rehearsing the random-token copy after every SFT step (off: measured not to help, ~35% more SFT time).
     copy_rehearsal: bool = False
     sft_augment: bool = True  # permute every content word through each SFT episode (data.augment.content_words)
-    # GRPO: 4 steps of 240 decision-sampled episodes (30 groups of 8), attention trained alone. Measured from the
-    # SFT policies of seeds 0, 1 and 3 on one machine (docs/sim_tiny.md, "On machine B"): held-out greedy reward
-    # +0.055 (paired SE 0.029), +0.000 (0.026), +0.082 (0.032) over SFT, against +0.009, +0.000, +0.028 with 60
-    # groups of 4 (`GRPO_SCHEDULES["groups-of-4"]`, the default before; on the first machine +0.064, +0.063, +0.019
-    # for seeds 0, 1, 2); in six paired comparisons never worse (+0.021 on average), and GRPO 15-20% faster: a trunk
-    # shared by 8 members saves more. Those worlds are where the settings were chosen: on a fresh 300-task world
-    # (seed 7777) the same policies give +0.006, -0.021, -0.014 (groups of 4: +0.009, -0.015, -0.016), so groups
-    # of 8 are the default for their speed; at this scale GRPO does not improve the greedy policy there. A step of
-    # 240 such episodes is a quarter of the gradient's noise scale; the steps of 32 episodes before (6 of 4 groups
-    # of 8, every token of the sampled turn drawn, every parameter, lr 1e-4: `GRPO_SCHEDULES["small-steps"]`) gave
-    # -0.017 to -0.000
-    grpo_steps: int = 4
-    grpo_tasks_per_step: int = 30
+    # GRPO: 8 steps of 960 decision-sampled episodes (120 groups of 8) over a 960-task world, each task once,
+    # attention trained alone. Measured from the SFT policies of seeds 0, 1, 3, 4 and 5 (docs/sim_tiny.md, "Eight
+    # steps of 960 episodes"): on two fresh 300-task worlds no setting was chosen on, GRPO - SFT held-out greedy
+    # reward +0.034 (paired SE 0.013), +0.014 (0.010), +0.026 (0.013), +0.076 (0.018), +0.085 (0.017), +0.047 (pooled
+    # SE 0.006) over the five. The default before (`GRPO_SCHEDULES["short"]`: 4 steps of 240, a quarter of the
+    # gradient's noise scale each) gave +0.008, +0.006, -0.006, -0.009, +0.029 there: at this scale the greedy policy
+    # moves with ~10^4 episodes, not ~10^3. Steps of 32 episodes (6 of 4 groups of 8, every token of the sampled
+    # turn drawn, every parameter, lr 1e-4: `GRPO_SCHEDULES["small-steps"]`) gave -0.017 to -0.000 on the runs' own
+    # worlds
+    grpo_steps: int = 8
+    grpo_tasks_per_step: int = 120
     group_size: int = 8
     # episodes the GRPO actor keeps in flight (its sampler's rows; the evaluations use as many): a step's
     # grpo_tasks_per_step x group_size episodes run in batches of at most this many. Measured on 2 CPU cores
@@ -181,6 +179,11 @@ class SimTinyConfig:
     # says whether the mode beats the group's samples.
     # Measured from the seed-0 SFT policy (docs/sim_tiny.md): -0.027 at 192 episodes, +0.037 at 640, -0.064 at 960
     greedy_member: bool = False
+    # a group member whose sampled turn (and the observation after it) equals an earlier member's takes over that
+    # member's greedy continuation instead of replaying it (`RolloutConfig.share_continuations`; exact: the offline
+    # world answers a history the same way every time). ~30% of the members repeat one (5.2-5.7 distinct episodes
+    # in a group of 8). No effect with sample_turns None (no greedy turns after the sampled ones)
+    share_continuations: bool = True
     max_staleness: int = 2
     # GRPO advantages: "group" (one per episode) or "prefix-tree" (per token, from the group's shared prefixes)
     advantages: str = "group"
@@ -254,8 +257,10 @@ class SimTinyConfig:
             raise ValueError(f"SimTinyConfig.grpo_steps must be >= 0; got {self.grpo_steps}")
         if self.group_size < 2 and self.grpo_steps:
             raise ValueError(f"GRPO needs group_size >= 2; got {self.group_size}")
-        if not isinstance(self.greedy_member, bool):
-            raise ValueError(f"SimTinyConfig.greedy_member must be a bool; got {self.greedy_member!r}")
+        for name in ("greedy_member", "share_continuations"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"SimTinyConfig.{name} must be a bool; got {getattr(self, name)!r}")
+
 
     def grpo_sampling(self) -> policy_lib.SamplingParams:
         """How the GRPO rollouts' sampled turns are sampled."""
@@ -282,37 +287,38 @@ class SimTinyConfig:
 
 
 # Named GRPO settings (`recipes/grpo_savanna.py --grpo-schedule`), each measured from SFT policies of several seeds
-# (held-out greedy reward difference, paired SE; docs/sim_tiny.md). "default": the config's defaults (4 steps of 30
-# decision-sampled groups of 8, attention alone): +0.055 (0.029), +0.000 (0.026), +0.082 (0.032) on seeds 0, 1, 3.
-# These are the runs' own evaluation worlds, where the settings were chosen; on a fresh world none of the schedules
-# measured there (default, groups-of-4) beats the SFT policy (docs/sim_tiny.md, "On a fresh world"); "long" does.
-GROUPS_OF_4 = {"grpo_tasks_per_step": 60, "group_size": 4}
+# (held-out greedy reward difference, paired SE; docs/sim_tiny.md). "default": the config's defaults (8 steps of 120
+# decision-sampled groups of 8, attention alone): on two fresh worlds no setting was chosen on, +0.034 (0.013),
+# +0.014 (0.010), +0.026 (0.013), +0.076 (0.018), +0.085 (0.017) on seeds 0, 1, 3, 4, 5. The others were measured
+# on the runs' own evaluation worlds, where the settings were chosen; on a fresh world none of them beats the SFT
+# policy (docs/sim_tiny.md, "On a fresh world").
+SHORT = {"grpo_tasks": 240, "grpo_tasks_per_step": 30, "grpo_steps": 4}  # 4 steps of 30 groups over 240 tasks
+GROUPS_OF_4 = {**SHORT, "grpo_tasks_per_step": 60, "group_size": 4}
 GRPO_SCHEDULES: dict[str, dict[str, Any]] = {
     "default": {},
+    # the default (8 steps of 960 episodes, each task of a 960-task world once), named
+    "long": {"grpo_tasks": 960, "grpo_tasks_per_step": 120, "grpo_steps": 8},
+    # the default before, an eighth of the episodes (4 steps of 240): +0.055 (0.029), +0.000 (0.026), +0.082
+    # (0.032) on seeds 0, 1, 3 on their own worlds, +0.008, +0.006, -0.006, -0.009, +0.029 on the fresh ones
+    # (seeds 0, 1, 3, 4, 5); ~3 minutes of GRPO on 2 CPU cores where the default takes ~12
+    "short": dict(SHORT),
     # the default before groups of 8: 60 groups of 4 a step (on machine B +0.009, +0.000, +0.028 for seeds 0, 1, 3,
     # where groups of 8 gave +0.055, +0.000, +0.082)
     "groups-of-4": dict(GROUPS_OF_4),
     # one step fewer of groups of 4 (the default before shared trunks made the actor 1.5x faster): +0.036 (0.023),
     # +0.063 (0.041), +0.019 (0.018); ~90 s less
-    "three-steps": {"grpo_steps": 3, **GROUPS_OF_4},
+    "three-steps": {**GROUPS_OF_4, "grpo_steps": 3},
     # an earlier default: 6 steps of 4 groups of 8 over 80 tasks, every token of the sampled turn drawn, every
     # parameter trained at lr 1e-4: -0.009 (0.024), -0.000 (0.032), -0.017 (0.023); ~100-170 s of GRPO
     "small-steps": {"grpo_tasks": 80, "grpo_tasks_per_step": 4, "group_size": 8, "grpo_steps": 6,
                     "grpo_learning_rate": 1e-4, "draw_below": 1.0, "max_draws": 0, "grpo_frozen": ()},
     # 12 steps of 240 episodes over a 720-task world, every token of the sampled turn drawn, every parameter: +0.064
-    # (0.027), +0.064 (0.047), -0.009 (0.028); 22-28 minutes of GRPO on 2 CPU cores, beyond the 20-minute budget
+    # (0.027), +0.064 (0.047), -0.009 (0.028); 22-28 minutes of GRPO on 2 CPU cores before the actor's savings
     "large-batch": {"grpo_tasks": 720, "grpo_tasks_per_step": 60, "group_size": 4, "grpo_steps": 12,
                     "grpo_learning_rate": 2e-4, "draw_below": 1.0, "max_draws": 0, "grpo_frozen": ()},
     # four steps of groups of 4 with every parameter trained: +0.037 (0.034), +0.064 (0.044), then -0.210 (0.043)
     # on seed 2, whose trained turn broke at its greedy end (25 unparseable answers in 100; at lr 2e-4 still -0.055)
-    "decision-batch": {"grpo_steps": 4, "grpo_frozen": (), **GROUPS_OF_4},
-    # the default's setting with 8x the episodes: 8 steps of 960 (120 groups of 8) over a 960-task GRPO world, each
-    # task once; each step trains as 4 learner batches making one update. On the two fresh 300-task worlds no
-    # setting was chosen on (600 tasks), GRPO - SFT +0.034 (0.013), +0.014 (0.010), +0.026 (0.013), +0.076 (0.018),
-    # +0.085 (0.017) on seeds 0, 1, 3, 4, 5 (docs/sim_tiny.md, "Eight steps of 960 episodes"), where the default
-    # gives +0.008, +0.006, -0.006, -0.009, +0.029; ~19-22 minutes of GRPO on 2 CPU cores, ~30 in all, beyond the
-    # 20-minute budget
-    "long": {"grpo_tasks": 960, "grpo_tasks_per_step": 120, "grpo_steps": 8},
+    "decision-batch": {**GROUPS_OF_4, "grpo_frozen": ()},
 }
 
 
@@ -580,6 +586,8 @@ def actor_command(config: SimTinyConfig, *, env_file: Path, grpo_world: Path, we
         command += ["--sample-turns", str(config.sample_turns)]
     if config.greedy_member:
         command.append("--greedy-member")
+    if config.share_continuations and config.sample_turns is not None:
+        command.append("--share-continuations")
     if config.blind:
         command.append("--blank-observations")
     return command

@@ -280,6 +280,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="the first member of each group plays its sampled turns greedily (still trained, with "
                         "--draw-below/--max-draws where a sample would draw: its advantage compares the policy's "
                         "mode with its samples)")
+    p.add_argument("--share-continuations", action="store_true",
+                   help="a group sample whose sampled turns equal an earlier sample's takes over that sample's greedy "
+                        "continuation instead of replaying it (exact for the offline world; needs --sample-turns)")
     p.add_argument("--concurrency", type=int, default=8, help="episodes in flight")
     p.add_argument("--chunk-tokens", type=int, default=sampler_policy.DEFAULT_CHUNK_TOKENS,
                    help="jax policy: tokens a row decodes per sampler call before waiting turns join the batch "
@@ -354,6 +357,8 @@ def main(argv: Sequence[str] | None = None) -> ActorSummary | decoupled.RoundsSu
         parser.error(f"--sample-turns must be >= 1; got {args.sample_turns}")
     if args.chunk_tokens < 0:
         parser.error(f"--chunk-tokens must be >= 0 (0 = whole turns); got {args.chunk_tokens}")
+    if args.share_continuations and args.sample_turns is None:
+        parser.error("--share-continuations needs --sample-turns (only the turns after the sampled ones are greedy)")
     if args.greedy_member and args.group_size < 2:
         parser.error(f"--greedy-member needs --group-size >= 2 (a greedy member and samples); got {args.group_size}")
     try:
@@ -366,6 +371,7 @@ def main(argv: Sequence[str] | None = None) -> ActorSummary | decoupled.RoundsSu
     config = runner.RolloutConfig(
         group_size=args.group_size, concurrency=args.concurrency, seed=args.seed, run_id=args.run_id,
         branch_turns=branch_turns, sample_turns=args.sample_turns, greedy_member=args.greedy_member,
+        share_continuations=args.share_continuations,
         episode=episode_lib.EpisodeConfig(
             max_new_tokens=args.max_new_tokens, max_context_tokens=args.max_context_tokens, vision=vision,
             sampling=sampling,

@@ -191,6 +191,8 @@ class _Episode:
         self.next_turn = 0  # the turn the loop plays next
         self.new_images: tuple[sequence.PreparedImage, ...] = ()  # the images of the observation not yet sent
         self.forked_from: str | None = None  # the rid whose turns this episode took over (`run_shared_trunk`)
+        # the rid whose greedy continuation this episode took over after its sampled turns (`share_continuations`)
+        self.continued_from: str | None = None
 
     def fork(self, spec: EpisodeSpec) -> _Episode:
         """A copy of this episode so far that goes on as `spec` (its own sequence, turn records and versions)."""
@@ -199,6 +201,17 @@ class _Episode:
         twin.turns, twin.versions = copy.deepcopy(self.turns), list(self.versions)
         twin.weight_versions, twin.forked_from = list(self.weight_versions), self.spec.rid
         return twin
+
+    def take_continuation(self, lead: _Episode) -> None:
+        """Goes on as `lead` went on from where this episode stands (`lead` played the same tokens up to here):
+        its later tokens, images, turn records and versions, and how it ended."""
+        turns = len(self.turns)
+        self.seq.extend_from(lead.seq)
+        self.turns += copy.deepcopy(lead.turns[turns:])
+        self.versions += lead.versions[turns:]
+        self.weight_versions += lead.weight_versions[turns:]
+        self.num_messages, self.error, self.next_turn = lead.num_messages, lead.error, lead.next_turn
+        self.continued_from = lead.spec.rid
 
     def room_for_turn(self) -> int:
         """New tokens the next turn may take: the budget minus the generation prompt and the turn's closing."""
@@ -243,14 +256,23 @@ async def run_shared_trunk(env: tool_env.ToolEnv, policy: policy_lib.Policy, spe
                            renderer: chat.ChatRenderer, config: EpisodeConfig, scorer: Scorer | None = None,
                            cache: EpisodeCache | None = None,
                            before_fork: Callable[[], Awaitable[None]] | None = None,
-                           on_release: Callable[[], None] | None = None) -> list[trajectory.Trajectory]:
+                           on_release: Callable[[], None] | None = None, prefill: bool = True,
+                           share_continuations: bool = False) -> list[trajectory.Trajectory]:
     """The samples of one group, its greedy turns played once: what `run_episode` gives for each spec, cheaper.
 
     The turns before `sample_from_turn` are greedy and identical for every sample of a group, so they are played
     once, as the first sample; the other samples then fork from it (`Policy.fork`: the JAX sampler copies its KV
     row, nothing is re-run) and each plays on from the branching turn with its own seed. An episode that ends before
     the branching turn is every sample's episode (scored once). Each trajectory records the trunk's turns as its
-    own, and the rid it was forked from in `metadata["forked_from"]`.
+    own, and the rid it was forked from in `metadata["forked_from"]`. With `prefill`, the branching turn's prompt
+    goes into the trunk's row before the fork where the backend can hold it (`SamplerPolicy.prefill`): computed
+    once, copied by every fork.
+
+    With `share_continuations` and `sample_turns` set, the turns after a sample's sampled ones are greedy: a
+    sample whose tokens since the fork equal an earlier sample's at that point (the same sampled turns, the same
+    observations) frees its row and takes over that sample's continuation and score instead of playing it again
+    (`metadata["continued_from"]`). Exact when the environment answers a history the same way every time (the
+    offline world); a live web may not, so it is the caller's choice.
 
     Args:
         specs: the group's samples in order: one task and group id, one `sample_from_turn` >= 1.
@@ -280,6 +302,8 @@ async def run_shared_trunk(env: tool_env.ToolEnv, policy: policy_lib.Policy, spe
     try:
         state = await _loop(env, policy, trunk, state, stop_at=first.sample_from_turn)
         if not state.done:
+            if prefill:
+                await _prefill_shared_prompt(policy, trunk, state)
             if before_fork is not None:
                 await before_fork()
             await policy.fork(first.rid, [spec.rid for spec in specs[1:]])
@@ -294,15 +318,40 @@ async def run_shared_trunk(env: tool_env.ToolEnv, policy: policy_lib.Policy, spe
                 for spec in specs]
     trunk_s = time.monotonic() - started
     episodes = [trunk] + [trunk.fork(spec) for spec in specs[1:]]
+    fork_length = len(trunk.seq)
+    merge_at = (first.sample_from_turn + first.sample_turns
+                if share_continuations and first.sample_turns is not None else None)
+    leads: dict[bytes, asyncio.Future] = {}  # tokens since the fork -> (episode, end state, score) of the first
 
     async def branch(ep: _Episode) -> trajectory.Trajectory:
         branch_started = time.monotonic()
+        lead = following = None
         try:
-            end = await _loop(env, policy, ep, state)
-        finally:
-            await _release(policy, ep.spec.rid, on_release)
+            try:
+                end = await _loop(env, policy, ep, state, stop_at=merge_at)
+                if merge_at is not None and not end.done:
+                    key = ep.seq.ids[fork_length:].tobytes()
+                    following = leads.get(key)
+                    if following is None:
+                        leads[key] = lead = asyncio.get_running_loop().create_future()
+                        lead.add_done_callback(lambda f: f.cancelled() or f.exception())  # followers may be none
+                if following is None:
+                    end = await _loop(env, policy, ep, end)
+            finally:
+                await _release(policy, ep.spec.rid, on_release)
+            if following is not None:
+                leader, end, score = await following
+                ep.take_continuation(leader)
+                reward_s = 0.0
+            else:
+                score, reward_s = await _score(env, end, scorer)
+            if lead is not None:
+                lead.set_result((ep, end, score))
+        except BaseException as err:
+            if lead is not None and not lead.done():
+                lead.set_exception(err if isinstance(err, Exception) else RuntimeError(f"{ep.spec.rid}: {err!r}"))
+            raise
         rollout_s = trunk_s + time.monotonic() - branch_started
-        score, reward_s = await _score(env, end, scorer)
         return _record(ep, policy, end, score, rollout_s, reward_s)
 
     return list(await asyncio.gather(*(branch(ep) for ep in episodes)))
@@ -347,13 +396,8 @@ async def _loop(env: tool_env.ToolEnv, policy: policy_lib.Policy, ep: _Episode, 
         if room < 1:
             ep.error = f"no room for a turn: {len(ep.seq)} tokens of {config.max_context_tokens}"
             return env.terminate(state, core.CONTEXT_EXCEEDED)
-        prompt_ids = np.concatenate([ep.seq.ids, ep.generation_prompt.ids]).astype(np.int32)
         sampled = ep.spec.samples_turn(turn)
-        request = policy_lib.TurnRequest(
-            rid=ep.spec.rid, turn=turn, prompt_ids=prompt_ids, new_images=ep.new_images,
-            sampling=turn_sampling(config.sampling, sampled=sampled, greedy_member=ep.spec.greedy),
-            max_new_tokens=min(config.max_new_tokens, room), stop_token_ids=(tok.im_end_id,),
-            seed=turn_seed(ep.spec.seed, turn), state=state)
+        request = _turn_request(ep, state, turn, room)
         t0 = time.monotonic()
         try:
             gen = await policy.generate(request)
@@ -406,6 +450,34 @@ async def _loop(env: tool_env.ToolEnv, policy: policy_lib.Policy, ep: _Episode, 
     return env.terminate(state, core.ERROR)
 
 
+def _turn_request(ep: _Episode, state: tool_env.EnvState, turn: int, room: int) -> policy_lib.TurnRequest:
+    """The request of the episode's next turn: the whole sequence and the generation prompt, the observation's
+    images not yet sent, the turn's sampling and seed, at most `room` new tokens."""
+    tok = ep.renderer.tokenizer
+    prompt_ids = np.concatenate([ep.seq.ids, ep.generation_prompt.ids]).astype(np.int32)
+    sampling = turn_sampling(ep.config.sampling, sampled=ep.spec.samples_turn(turn), greedy_member=ep.spec.greedy)
+    return policy_lib.TurnRequest(
+        rid=ep.spec.rid, turn=turn, prompt_ids=prompt_ids, new_images=ep.new_images, sampling=sampling,
+        max_new_tokens=min(ep.config.max_new_tokens, room), stop_token_ids=(tok.im_end_id,),
+        seed=turn_seed(ep.spec.seed, turn), state=state)
+
+
+async def _prefill_shared_prompt(policy: policy_lib.Policy, ep: _Episode, state: tool_env.EnvState) -> None:
+    """Before a fork: the branching turn's prompt (the trunk's last observation and the generation prompt) goes
+    into the trunk's row once, where the backend can hold it (`SamplerPolicy.prefill`), so every fork copies it
+    instead of appending it again. A failed prefill is logged and skipped: the forks then send it themselves."""
+    prefill = getattr(policy, "prefill", None)
+    room = ep.room_for_turn()
+    if not callable(prefill) or room < 1:  # no room: the branching turn ends every fork's episode anyway
+        return
+    try:
+        await prefill(_turn_request(ep, state, ep.next_turn, room))
+    except Exception:  # noqa: BLE001 — an optimisation: the forks' own turns carry the prompt instead
+        log.exception("policy %s could not prefill episode %s before its fork", policy.name, ep.spec.rid)
+        return
+    ep.new_images = ()  # in the row now: the next turn sends no new tokens and no images
+
+
 BLANK_OBSERVATION = "<tool_response>\n</tool_response>"
 
 
@@ -445,7 +517,7 @@ def _record(ep: _Episode, policy: policy_lib.Policy, state: tool_env.EnvState, s
         "policy": policy.name, "token_exact": policy.token_exact,
         "rl_trainable": bool(policy.token_exact and policy.has_logprobs), "seed": ep.spec.seed, "rid": ep.spec.rid,
         "sample_from_turn": ep.spec.sample_from_turn, "sample_turns": ep.spec.sample_turns,
-        "greedy_member": ep.spec.greedy, "forked_from": ep.forked_from,
+        "greedy_member": ep.spec.greedy, "forked_from": ep.forked_from, "continued_from": ep.continued_from,
         "num_turns": state.num_turns, "num_tool_calls": state.num_tool_calls, "turns": ep.turns,
         "policy_versions": ep.versions, "weight_versions": ep.weight_versions, "error": ep.error,
         "max_context_tokens": ep.config.max_context_tokens,

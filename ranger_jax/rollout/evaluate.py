@@ -161,7 +161,7 @@ def evaluate_checkpoint(world_dir: str | os.PathLike, checkpoint: str | os.PathL
                         sampling: policy_lib.SamplingParams = GREEDY, samples_per_task: int = 1,
                         branch_turns: tuple[int, ...] = (0,), sample_turns: int | None = None, seed: int = 0,
                         chunk_tokens: int | None = sampler_policy.DEFAULT_CHUNK_TOKENS, share_trunk: bool = True,
-                        buckets: Any = None, progress: bool = False, **env_options: Any) -> dict[str, Any]:
+                        prefill_trunk: bool = True, share_continuations: bool = False, buckets: Any = None, progress: bool = False, **env_options: Any) -> dict[str, Any]:
     """Runs a checkpoint on the world's tasks, greedily unless `sampling` says otherwise (module docstring);
     returns the summary and one row per episode.
 
@@ -189,7 +189,10 @@ def evaluate_checkpoint(world_dir: str | os.PathLike, checkpoint: str | os.PathL
         chunk_tokens: tokens a row decodes per sampler call (`SamplerPolicy`'s continuous batching; None: whole
             turns per call). The results do not depend on it, only the time.
         share_trunk: a task's samples play their greedy turns before the branching turn once and fork from there
-            (`runner.RolloutConfig.share_trunk`); like `chunk_tokens`, it changes the time, not the episodes.
+            (`runner.RolloutConfig.share_trunk`); like `chunk_tokens`, it changes the time, not the episodes, and
+            so does `prefill_trunk` (the branching turn's prompt computed once a task, `RolloutConfig.prefill_trunk`).
+        share_continuations: a sample repeating an earlier sample's sampled turns takes over its greedy continuation
+            (`runner.RolloutConfig.share_continuations`; needs `sample_turns`): the same episodes on the offline world.
         buckets: the sampler's shape buckets (`sampling.Buckets`; None: its defaults), e.g. `min_active_rows` equal
             to `concurrency` to run every call on the whole batch. Like `chunk_tokens`, they change the time.
         progress: show a tqdm bar with the running search score.
@@ -224,6 +227,7 @@ def evaluate_checkpoint(world_dir: str | os.PathLike, checkpoint: str | os.PathL
                                       ("max_context_tokens", max_context_tokens)) if v is not None})
     config = runner.RolloutConfig(group_size=samples_per_task, concurrency=concurrency, seed=seed, run_id="eval",
                                   branch_turns=tuple(branch_turns), sample_turns=sample_turns, share_trunk=share_trunk,
+                                  prefill_trunk=prefill_trunk, share_continuations=share_continuations,
                                   episode=episode_lib.EpisodeConfig(sampling=sampling, vision=vision,
                                                                     blank_observations=blank_observations,
                                                                     **budgets))

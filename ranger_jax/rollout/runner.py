@@ -54,6 +54,15 @@ class RolloutConfig:
     # (`episode.run_shared_trunk`, `Policy.fork`): the same episodes for less work. Needs concurrency >= group_size
     # (its samples then hold their rows together) and a backend with `fork`; otherwise every sample plays them.
     share_trunk: bool = True
+    # with shared trunks: the trunk's row takes the branching turn's prompt (its last observation and the generation
+    # prompt) before the fork, where the backend can (`SamplerPolicy.prefill`), so it is computed once a group, not
+    # once a sample. Like `share_trunk`, it changes the time, not the episodes
+    prefill_trunk: bool = True
+    # with shared trunks and `sample_turns` set: a sample whose sampled turns (and the observations after them) come
+    # out token-identical to an earlier sample's takes over that sample's greedy continuation and score instead of
+    # playing it again (`episode.run_shared_trunk`). Exact for an environment that answers a history the same way
+    # every time (the offline world); a live web may not, hence off by default
+    share_continuations: bool = False
 
     def __post_init__(self):
         for name in ("group_size", "concurrency"):
@@ -66,10 +75,14 @@ class RolloutConfig:
             raise ValueError(f"RolloutConfig.run_id must be non-empty without '/'; got {self.run_id!r}")
         object.__setattr__(self, "branch_turns", checked_branch_turns(self.branch_turns, "RolloutConfig"))
         check_sample_turns(self.sample_turns, "RolloutConfig")
-        if not isinstance(self.share_trunk, bool):
-            raise ValueError(f"RolloutConfig.share_trunk must be a bool; got {self.share_trunk!r}")
+        for name in ("share_trunk", "prefill_trunk", "share_continuations"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"RolloutConfig.{name} must be a bool; got {getattr(self, name)!r}")
         if not isinstance(self.greedy_member, bool):
             raise ValueError(f"RolloutConfig.greedy_member must be a bool; got {self.greedy_member!r}")
+        if self.share_continuations and self.sample_turns is None:
+            raise ValueError("RolloutConfig.share_continuations needs sample_turns (only turns after the sampled ones "
+                             "are greedy, so only they can be shared); got sample_turns=None")
         if self.greedy_member and self.group_size < 2:
             raise ValueError(f"RolloutConfig.greedy_member needs group_size >= 2 (a greedy member and samples); "
                              f"got {self.group_size}")
@@ -284,7 +297,9 @@ async def _shared_trunk_groups(env: tool_env.ToolEnv, policy: policy_lib.Policy,
             if trunk:
                 coroutine = episode_lib.run_shared_trunk(env, policy, specs, renderer=renderer,
                                                          config=config.episode, scorer=scorer, cache=cache,
-                                                         before_fork=rows.reserve_fork, on_release=rows.release)
+                                                         before_fork=rows.reserve_fork, on_release=rows.release,
+                                                         prefill=config.prefill_trunk,
+                                                         share_continuations=config.share_continuations)
             else:
                 coroutine = whole_group(specs)
             running[asyncio.ensure_future(coroutine)] = (index, task)

@@ -50,6 +50,7 @@ class _Pending:
     # a turn decoded over several calls: its tokens so far (empty before its first call)
     parts: list[sampling.Completion] = dataclasses.field(default_factory=list)
     batch_size: int = 0  # turns in the call that started it
+    prefill_only: bool = False  # append the prompt, generate nothing (`SamplerPolicy.prefill`)
 
     def generated(self) -> int:
         return sum(len(part.token_ids) for part in self.parts)
@@ -203,6 +204,23 @@ class SamplerPolicy:
                                      finish_reason=completion.finish_reason, policy_version=self.policy_version,
                                      info={"batch_size": batch_size}, drawn=completion.drawn)
 
+    async def prefill(self, request: policy_lib.TurnRequest) -> None:
+        """Appends the turn's prompt (what is new since the row's last turn, with its images) to the episode's row
+        without generating; the turn's `generate` then appends nothing. Before a `fork` this computes a group's
+        shared next prompt once, in the row every fork copies, instead of once in each forked row
+        (`episode.run_shared_trunk`).
+
+        Raises:
+            ValueError: the prompt does not continue the episode's row (see `new_segment`).
+        """
+        row = await self._row(request.rid)
+        future = asyncio.get_running_loop().create_future()
+        self._pending.append(_Pending(row, request, future, prefill_only=True))
+        self._signal()
+        if self._driver is None or self._driver.done():
+            self._driver = asyncio.ensure_future(self._drive())
+        await future
+
     async def fork(self, rid: str, into: Sequence[str]) -> None:
         """Episodes `into` continue episode `rid`: each gets a row holding a copy of its row (KV cache, positions,
         last logits; `Sampler.fork_rows`), made on the worker thread before the next batch, so their next turn
@@ -291,6 +309,8 @@ class SamplerPolicy:
                     continue
                 if isinstance(result, Exception):
                     item.future.set_exception(result)
+                elif item.prefill_only:
+                    item.future.set_result(None)
                 elif item.finished():
                     item.future.set_result((item.completion(), item.batch_size))
                 else:
@@ -333,15 +353,17 @@ class SamplerPolicy:
             try:
                 if not item.parts:
                     segments[item.row] = new_segment(session.token_ids[item.row], item.request)
-                params[item.row] = sampler_params(item.request, generated=item.generated(), drawn=item.draws(),
-                                                  chunk_tokens=self.chunk_tokens)
+                if not item.prefill_only:
+                    params[item.row] = sampler_params(item.request, generated=item.generated(),
+                                                      drawn=item.draws(), chunk_tokens=self.chunk_tokens)
             except ValueError as err:
                 results[i] = err
         self.sampler.append(session, segments)
         completions = self.sampler.generate(session, params)
         for i, item in enumerate(batch):
             if results[i] is None:
-                item.parts.append(completions[item.row])
+                if not item.prefill_only:
+                    item.parts.append(completions[item.row])
                 results[i] = item
         return results
 

@@ -276,6 +276,24 @@ class TokenSequence:
         twin.images, twin.prepared = list(self.images), list(self.prepared)
         return twin
 
+    def extend_from(self, other: TokenSequence) -> None:
+        """Appends what `other` holds beyond this sequence's length (ids, masks, log-probs, images), `other`
+        starting with this sequence's ids (an episode taking over another's continuation).
+
+        Raises:
+            ValueError: `other` does not start with this sequence's ids.
+        """
+        start = len(self._ids)
+        if len(other._ids) < start or other._ids[:start] != self._ids:
+            raise ValueError(f"the sequence to continue from ({len(other._ids)} ids) does not start with this "
+                             f"sequence's {start} ids")
+        self._ids.extend(other._ids[start:])
+        self._mask.extend(other._mask[start:])
+        self._logprobs.extend(other._logprobs[start:])
+        later = [i for i, image in enumerate(other.images) if image.token_index >= start]
+        self.images.extend(other.images[i] for i in later)
+        self.prepared.extend(other.prepared[i] for i in later)
+
     def append_generated(self, token_ids: np.ndarray, logprobs: np.ndarray, *,
                          trained: bool | np.ndarray = True) -> None:
         """Appends sampled ids with loss mask 1 and their sampler log-probs (`trained=False`: the policy's ids as

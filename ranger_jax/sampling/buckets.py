@@ -12,6 +12,7 @@ programs depend on the images.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -37,6 +38,11 @@ class Buckets:
     # gathered into a sub-batch of at least this many rows (a power of two); the others are untouched. Measured on
     # sim-tiny's evaluation (32 rows, 2 CPU cores): ~1/3 less compute than whole-batch calls, more compiled shapes
     min_active_rows: int = 8
+    # rows of one append call (sub-batches of appends are separate from decoding's `min_active_rows`): appends come
+    # one or two rows at a time (an episode's new observation) and each row costs its whole padded length, so small
+    # sub-batches pay. An append also splits into calls by length (`append_groups`)
+    min_append_rows: int = 1
+    group_appends: bool = True  # False: every append is one call, its rows padded to the longest
     # an append call of at most this many rows x tokens sees its image features and grids fitted to rows x tokens
     # (`fit_grids`, `steps.fit_image_features`; exact), so its programs do not multiply by image counts and sizes;
     # a larger call keeps the features' own buckets (fitted, its features would take rows x tokens x hidden x (1 +
@@ -49,6 +55,9 @@ class Buckets:
             if field.name == "fit_images_up_to":
                 if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                     raise ValueError(f"Buckets.fit_images_up_to must be an int >= 0, got {value!r}")
+            elif field.name == "group_appends":
+                if not isinstance(value, bool):
+                    raise ValueError(f"Buckets.group_appends must be a bool, got {value!r}")
             elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"Buckets.{field.name} must be a positive int, got {value!r}")
 
@@ -71,6 +80,40 @@ class Buckets:
     def active_rows(self, n: int) -> int:
         """Padded sub-batch of a call on `n` rows (a session's batch or more: the call runs on the whole batch)."""
         return round_up(n, self.min_active_rows)
+
+    def append_rows(self, n: int) -> int:
+        """Padded sub-batch of an append call on `n` rows (a session's batch or more: the whole batch)."""
+        return round_up(n, self.min_append_rows)
+
+    def append_groups(self, lengths: Sequence[int], *, batch: int, slots: int) -> list[list[int]]:
+        """The rows of one append split into calls (lists of indices into `lengths`, ascending length): a call pads
+        every row to its longest, so a 3-token generation prompt appended beside a 400-token search result costs
+        400 tokens; a call of its own costs a launch and, below the session's `batch` rows, the copy of each row's
+        cache out and back (`Sampler` sub-batches). Rows of one length bucket always share a call; which adjacent
+        buckets share one is chosen to minimise (in token positions) rows x length + a copy of `slots` / 32 per row
+        of a sub-batch + 32 per call. Measured with the sim-tiny policy at 2,048 slots on 2 CPU cores: ~27 us a
+        padded token, ~2 ms per row copied, ~0.5 ms a launch (benchmarks/group_savings.py measures a GRPO round)."""
+        if not self.group_appends:
+            return [list(range(len(lengths)))]
+        by_bucket: dict[int, list[int]] = {}
+        for index, n in enumerate(lengths):
+            by_bucket.setdefault(self.length(n), []).append(index)
+        buckets = sorted(by_bucket)
+
+        def cost(first: int, last: int) -> int:  # one call for buckets[first..last]
+            rows = self.append_rows(sum(len(by_bucket[b]) for b in buckets[first:last + 1]))
+            copies = rows * (slots // 32) if rows < batch else 0
+            return min(rows, batch) * buckets[last] + copies + 32
+
+        best = [(0, -1)] + [(0, -1)] * len(buckets)  # best[j]: (cost of buckets[:j], start of its last call)
+        for j in range(1, len(buckets) + 1):
+            best[j] = min((best[i][0] + cost(i, j - 1), i) for i in range(j))
+        calls, end = [], len(buckets)
+        while end > 0:
+            start = best[end][1]
+            calls.append([index for b in buckets[start:end] for index in by_bucket[b]])
+            end = start
+        return calls[::-1]
 
     def new_tokens(self, n: int) -> int:
         """Padded output buffer length for `n` new tokens."""

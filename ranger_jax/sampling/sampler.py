@@ -230,10 +230,10 @@ class Sampler:
         return cache_lib.new_session(self.config, num_rows, batch_size=self.buckets.batch(num_rows),
                                      capacity=self.buckets.cache(capacity or 1), mesh=self.mesh)
 
-    def _call_rows(self, session: cache_lib.Session, rows: Sequence[int]) -> np.ndarray | None:
+    def _call_rows(self, session: cache_lib.Session, rows: Sequence[int], sub_batch: int) -> np.ndarray | None:
         """The rows an append or generate call on `rows` works on: None for the whole batch, or (when `rows` fit a
-        smaller bucket, `Buckets.active_rows`) those rows and enough others to fill it, in row order."""
-        sub_batch = self.buckets.active_rows(len(rows))
+        smaller `sub_batch`: `Buckets.append_rows`, `Buckets.active_rows`) those rows and enough others to fill
+        it, in row order."""
         if sub_batch >= session.batch_size:
             return None
         chosen = set(rows)
@@ -256,7 +256,8 @@ class Sampler:
         """Appends one segment per row (None or no tokens: row unchanged) to the session's cache.
 
         New images go through the vision tower alone; their placeholders get MRoPE positions continuing each row's
-        history, equal to `get_rope_index` on the row's whole token sequence.
+        history, equal to `get_rope_index` on the row's whole token sequence. Rows of very different lengths are
+        appended by separate calls (`Buckets.append_groups`): a call pads every row to its longest.
 
         Raises:
             ValueError: a wrong number of segments, or a segment failing `model.check_inputs` (named by row).
@@ -264,24 +265,33 @@ class Sampler:
         segments = _per_row(segments, session.num_rows, "segments")
         checked = [np.zeros(0, np.int32) if s is None else self._check_segment(row, s)
                    for row, s in enumerate(segments)]
-        longest = max(len(ids) for ids in checked)
-        if longest == 0:
+        rows = [row for row, ids in enumerate(checked) if len(ids)]
+        if not rows:
             return
-        length = self.buckets.length(longest)
         cache_lib.grow(session, self.buckets.cache(max(session.num_tokens(r) + len(checked[r])
                                                        for r in range(session.num_rows))))
+        groups = self.buckets.append_groups([len(checked[row]) for row in rows], batch=session.batch_size,
+                                            slots=session.caches[0].key.shape[2])
+        for group in groups:
+            self._append_call(session, checked, segments, sorted(rows[i] for i in group))
+
+    def _append_call(self, session: cache_lib.Session, checked: list[np.ndarray],
+                     segments: Sequence[Segment | None], rows: list[int]) -> None:
+        """One compiled append of the segments of `rows` (ascending; the cache already large enough)."""
+        length = self.buckets.length(max(len(checked[row]) for row in rows))
         # in row order, as the images are consumed
-        index = self._call_rows(session, [row for row, ids in enumerate(checked) if len(ids)])
+        index = self._call_rows(session, rows, self.buckets.append_rows(len(rows)))
         call_rows = range(session.batch_size) if index is None else index
+        chosen = set(rows)
         pad_id = 0 if self.config.image_token_id != 0 else 1  # any text id: pads are masked out
         input_ids = np.full((len(call_rows), length), pad_id, np.int32)
         num_new = np.zeros(len(call_rows), np.int32)
         for slot, row in enumerate(call_rows):
-            if row < session.num_rows:
+            if row in chosen:
                 ids = checked[row]
                 input_ids[slot, :len(ids)] = ids
                 num_new[slot] = len(ids)
-        with_images = [(row, s) for row, s in enumerate(segments) if s is not None and s.pixel_values is not None]
+        with_images = [(row, segments[row]) for row in rows if segments[row].pixel_values is not None]
         with self._mesh_context():
             image_embeds = deepstack = grid = None
             if with_images:
@@ -307,8 +317,8 @@ class Sampler:
                     self.state, *state, index, input_ids, num_new, image_embeds, deepstack, grid)
         session.caches, session.lengths = caches, lengths
         session.next_positions, session.last_logits = next_positions, last_logits
-        for row, ids in enumerate(checked):
-            session.token_ids[row].extend(int(i) for i in ids)
+        for row in rows:
+            session.token_ids[row].extend(int(i) for i in checked[row])
         for row, segment in with_images:
             session.image_grid_thw[row].extend(tuple(int(x) for x in g)
                                                for g in np.asarray(segment.image_grid_thw).reshape(-1, 3))
@@ -366,7 +376,7 @@ class Sampler:
         cache_lib.grow(session, self.buckets.cache(max(session.num_tokens(r) + params[r].max_new_tokens
                                                        for r in active_rows)))
         stops = self.buckets.stop_ids(max(len(params[r].stop_token_ids) for r in active_rows))
-        index = self._call_rows(session, active_rows)
+        index = self._call_rows(session, active_rows, self.buckets.active_rows(len(active_rows)))
         call_rows = list(range(session.batch_size)) if index is None else index.tolist()
         slot_of = {row: slot for slot, row in enumerate(call_rows)}
         batch = len(call_rows)

@@ -191,21 +191,22 @@ def test_large_steps_run_through_the_actor_in_batches_of_its_concurrency(tmp_pat
     assert (config.draw_below, config.max_draws, config.grpo_frozen) == (1.0, 0, ())  # as measured: every token
     with pytest.raises(ValueError, match="actor_concurrency must be a positive int"):
         dataclasses.replace(config, actor_concurrency=0)
-    known = "default, groups-of-4, three-steps, small-steps, large-batch, decision-batch, long"
+    known = "default, long, short, groups-of-4, three-steps, small-steps, large-batch, decision-batch"
     with pytest.raises(ValueError, match=f"unknown GRPO schedule 'huge'; known: {known}"):
         sim_tiny.configure(grpo_schedule="huge")
 
 
 def test_a_grpo_step_above_the_learner_batch_runs_in_batches_of_whole_groups():
-    # every named schedule's step but "long" is one learner batch, as measured; a larger step spans batches of
-    # whole groups
+    # the default's (and "long"'s) 960-episode steps run as 4 learner batches, every other named schedule's step as
+    # one, as measured; a larger step spans batches of whole groups
     for name in sim_tiny.GRPO_SCHEDULES:
         config = sim_tiny.configure(grpo_schedule=name)
         batches = -(-config.grpo_tasks_per_step // sim_tiny.learner_groups(config))
-        assert batches == (4 if name == "long" else 1), name
+        assert batches == (4 if name in ("default", "long") else 1), name
     long = sim_tiny.configure(grpo_schedule="long")  # 8 steps of 960 episodes, each task of its world once
     assert (long.grpo_steps, long.grpo_tasks_per_step, long.group_size, long.grpo_tasks) == (8, 120, 8, 960)
-    big = dataclasses.replace(sim_tiny.configure(), grpo_tasks_per_step=120)  # 960 episodes a step
+    assert long == sim_tiny.configure()
+    big = dataclasses.replace(sim_tiny.configure(grpo_schedule="short"), grpo_tasks_per_step=120)
     assert sim_tiny.learner_groups(big) == 30 and sim_tiny.grpo_rows(big) == 960
     assert sim_tiny.learner_groups(dataclasses.replace(big, grpo_learner_rows=100)) == 12
     assert sim_tiny.learner_groups(dataclasses.replace(big, grpo_learner_rows=3)) == 1  # at least one group
@@ -216,13 +217,27 @@ def test_a_grpo_step_above_the_learner_batch_runs_in_batches_of_whole_groups():
 def test_default_grpo_draws_uncertain_tokens_in_large_steps_and_trains_attention_alone(tmp_path):
     default = sim_tiny.configure()
     flags = _actor_flags(default, tmp_path)
-    assert (flags["--draw-below"], flags["--max-draws"], flags["--records-per-shard"]) == ("0.9", "2", "240")
-    assert (flags["--concurrency"], flags["--max-rounds"]) == ("32", "4")
-    assert (default.grpo_steps, default.grpo_tasks, default.grpo_learning_rate) == (4, 240, 3e-4)
+    assert (flags["--draw-below"], flags["--max-draws"], flags["--records-per-shard"]) == ("0.9", "2", "960")
+    assert (flags["--concurrency"], flags["--max-rounds"]) == ("32", "8")
+    assert (default.grpo_steps, default.grpo_tasks, default.grpo_learning_rate) == (8, 960, 3e-4)
     assert default.grpo_frozen == ("embed_tokens", "mlp", "visual")  # the learner trains attention alone
-    assert (flags["--tasks-per-round"], flags["--group-size"]) == ("30", "8")  # a step's 240 episodes: 30 groups
-    assert sim_tiny.grpo_rows(default) == 240
-    fours = sim_tiny.configure(grpo_schedule="groups-of-4")  # the default before: 60 groups of 4
+    assert (flags["--tasks-per-round"], flags["--group-size"]) == ("120", "8")  # a step's 960 episodes: 120 groups
+    assert flags["--sample-turns"] == "1"
+
+    def command(config):
+        return sim_tiny.actor_command(config, env_file=tmp_path / "env.toml", grpo_world=tmp_path / "w",
+                                      weights_dir=tmp_path / "weights", shards_dir=tmp_path / "shards",
+                                      metrics_path=tmp_path / "m.jsonl")
+
+    assert "--share-continuations" in command(default)  # the offline world answers a history alike every time
+    assert "--share-continuations" not in command(dataclasses.replace(default, share_continuations=False))
+    assert "--share-continuations" not in command(dataclasses.replace(default, sample_turns=None,
+                                                                      shared_prefix=False))
+    assert sim_tiny.grpo_rows(default) == 960
+    short = sim_tiny.configure(grpo_schedule="short")  # the default before: 4 steps of 30 groups of 8
+    assert (short.grpo_steps, short.grpo_tasks_per_step, short.grpo_tasks, short.group_size) == (4, 30, 240, 8)
+    assert sim_tiny.grpo_rows(short) == 240 and _actor_flags(short, tmp_path)["--max-rounds"] == "4"
+    fours = sim_tiny.configure(grpo_schedule="groups-of-4")  # the default before groups of 8: 60 groups of 4
     assert (fours.grpo_tasks_per_step, fours.group_size, fours.grpo_steps, fours.draw_below) == (60, 4, 4, 0.9)
     assert sim_tiny.grpo_rows(fours) == 240 and fours.grpo_frozen == default.grpo_frozen
     three = sim_tiny.configure(grpo_schedule="three-steps")

@@ -72,6 +72,7 @@ def test_actor_cli(tmp_path, world_dir, monkeypatch, capsys):
         (("--sample-turns", "0"), "--sample-turns must be >= 1; got 0"),
         (("--chunk-tokens", "-1"), "--chunk-tokens must be >= 0 (0 = whole turns); got -1"),
         (("--greedy-member",), "--greedy-member needs --group-size >= 2"),
+        (("--share-continuations",), "--share-continuations needs --sample-turns"),
         (("--draw-below", "0.5"), "--draw-below/--max-draws need --policy jax (got --policy expert)"),
         (("--max-draws", "-1"), "max_draws must be an int >= 0 (0 = no limit); got -1"),
     ]:

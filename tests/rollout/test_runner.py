@@ -99,6 +99,58 @@ class ForkingExpert:
         pass
 
 
+class TwoMindedExpert(ForkingExpert):
+    """The expert, whose sampled turns come out one of two ways by their seed: the expert's text, or the same call
+    with a trailing newline (the env reads both alike, the tokens differ)."""
+
+    name = "two-minded"
+
+    async def generate(self, request):
+        generation = await super().generate(request)
+        if request.sampling.greedy or request.seed % 2 == 0:
+            return generation
+        text = self.inner.tokenizer.decode(generation.token_ids[:-1]) + "\n"
+        return policy.text_generation(self.inner.tokenizer, text, max_new_tokens=request.max_new_tokens)
+
+
+@pytest.mark.parametrize("branch", [1, 2])
+def test_samples_repeating_a_sampled_turn_share_the_continuation(sim_env, tasks, the_world, qwen_renderer, branch):
+    """`share_continuations`: samples whose sampled turn repeats an earlier sample's take over its continuation
+    (`metadata["continued_from"]`): the same trajectories as samples that each played it, fewer turns played."""
+    expert = policy.ScriptedPolicy(savanna.make_policy("expert", the_world), qwen_renderer.tokenizer)
+    runs = {}
+    for share in (False, True):
+        pol = TwoMindedExpert(expert)
+        config = runner.RolloutConfig(group_size=4, concurrency=8, seed=3, run_id="cont", episode=CONFIG,
+                                      branch_turns=(branch,), sample_turns=1, share_continuations=share)
+        groups = sorted(runner.run(sim_env, pol, tasks[:5], renderer=qwen_renderer, config=config),
+                        key=lambda g: g.group_id)
+        runs[share] = groups, pol
+    (alone, alone_pol), (shared, shared_pol) = runs[False], runs[True]
+    assert not shared_pol.live and shared_pol.max_live <= 8
+    continued = 0
+    for a, b in zip(alone, shared, strict=True):
+        by_rid = {t.metadata["rid"]: t for t in b.trajectories}
+        for x, y in zip(a.trajectories, b.trajectories, strict=True):
+            assert x.token_ids.tolist() == y.token_ids.tolist() and x.loss_mask.tolist() == y.loss_mask.tolist()
+            assert (x.reward, x.termination, x.answer, x.messages) == (y.reward, y.termination, y.answer, y.messages)
+            assert len(x.images) == len(y.images) and x.metadata["rid"] == y.metadata["rid"]
+            assert [t["turn"] for t in x.metadata["turns"]] == [t["turn"] for t in y.metadata["turns"]]
+            assert x.metadata["continued_from"] is None
+            lead = by_rid.get(y.metadata["continued_from"])
+            if lead is not None:  # the first of the group to play these tokens, which played on itself
+                continued += 1
+                assert lead.token_ids.tolist() == y.token_ids.tolist() and lead.metadata["continued_from"] is None
+        # one sample played on per distinct episode
+        assert sum(t.metadata["continued_from"] is None for t in b.trajectories) == \
+            len({t.token_ids.tobytes() for t in b.trajectories})
+    assert continued > 0
+    assert len(shared_pol.turns) == len(alone_pol.turns) - sum(
+        len(t.metadata["turns"]) - branch - 1 for g in shared for t in g.trajectories if t.metadata["continued_from"])
+    with pytest.raises(ValueError, match="share_continuations needs sample_turns"):
+        runner.RolloutConfig(group_size=2, branch_turns=(1,), share_continuations=True)
+
+
 @pytest.mark.parametrize("concurrency", [3, 4, 7])
 def test_shared_trunks_play_greedy_turns_once_within_the_rows(sim_env, tasks, the_world, qwen_renderer, concurrency):
     """Groups branching after turn 0 play their greedy turns once and fork (`share_trunk`): the same episodes as

@@ -214,24 +214,74 @@ def test_forked_rows_give_the_episodes_of_independent_samples(tiny_env, tiny_sam
     masks, log-probs, rewards) are those of samples that each played every turn, in fewer sampler rows."""
     sampling = policy.SamplingParams(temperature=1.0, draw_below=0.9, max_draws=2)
     runs = {}
-    for share in (False, True):
+    for share, prefill in ((False, True), (True, True), (True, False)):
         pol = sampler_policy.SamplerPolicy(tiny_sampler, num_rows=4, capacity=CAPACITY)
-        config = runner.RolloutConfig(group_size=3, concurrency=4, seed=8, run_id="fork", branch_turns=(1, 2),
-                                      sample_turns=1, share_trunk=share,
-                                      episode=dataclasses.replace(tiny_config(), sampling=sampling))
-        groups = runner.run(tiny_env, pol, tasks[:3], renderer=tiny_renderer, config=config, scorer=scorer)
-        runs[share] = sorted(groups, key=lambda g: g.group_id), pol
-    (alone, _), (shared, pol) = runs[False], runs[True]
-    assert not pol._rows and sorted(pol._free) == [0, 1, 2, 3]  # every row back
-    forked = 0
-    for a, b in zip(alone, shared, strict=True):
-        for x, y in zip(a.trajectories, b.trajectories, strict=True):
-            np.testing.assert_array_equal(x.token_ids, y.token_ids)
-            np.testing.assert_array_equal(x.loss_mask, y.loss_mask)
-            np.testing.assert_allclose(x.sampler_logprobs, y.sampler_logprobs, atol=1e-5)
-            assert (x.reward, x.termination) == (y.reward, y.termination)
-            forked += y.metadata["forked_from"] is not None
-    assert forked > 0
+        appended = []
+        real_append = pol.sampler.append
+        pol.sampler.append = lambda session, segments: (
+            appended.append(sum(len(s.token_ids) for s in segments if s is not None)),
+            real_append(session, segments))[1]
+        try:
+            config = runner.RolloutConfig(group_size=3, concurrency=4, seed=8, run_id="fork", branch_turns=(1, 2),
+                                          sample_turns=1, share_trunk=share, prefill_trunk=prefill,
+                                          episode=dataclasses.replace(tiny_config(), sampling=sampling))
+            groups = runner.run(tiny_env, pol, tasks[:3], renderer=tiny_renderer, config=config, scorer=scorer)
+        finally:
+            del pol.sampler.append
+        runs[share, prefill] = sorted(groups, key=lambda g: g.group_id), pol, sum(appended)
+    alone, _, appended_alone = runs[False, True]
+    for key in ((True, True), (True, False)):
+        shared, pol, _ = runs[key]
+        assert not pol._rows and sorted(pol._free) == [0, 1, 2, 3]  # every row back
+        forked = 0
+        for a, b in zip(alone, shared, strict=True):
+            for x, y in zip(a.trajectories, b.trajectories, strict=True):
+                np.testing.assert_array_equal(x.token_ids, y.token_ids)
+                np.testing.assert_array_equal(x.loss_mask, y.loss_mask)
+                np.testing.assert_allclose(x.sampler_logprobs, y.sampler_logprobs, atol=1e-5)
+                assert (x.reward, x.termination) == (y.reward, y.termination)
+                forked += y.metadata["forked_from"] is not None
+        assert forked > 0
+    # with `prefill_trunk` the trunk's last observation goes into the sampler once a group, not once a fork
+    assert runs[True, True][2] < runs[True, False][2] < appended_alone
+
+
+def test_prefill_appends_a_turns_prompt_that_its_generate_then_continues(tiny_sampler):
+    """`prefill` puts the turn's prompt in the row without generating (a fork then copies it): the turn's generate
+    appends nothing and gives what a plain generate gives, in the forked row too."""
+    prompt = np.arange(20, 40, dtype=np.int32)
+
+    def request(rid, ids=prompt):
+        return policy.TurnRequest(rid=rid, turn=0, prompt_ids=ids, new_images=(), sampling=episode.GREEDY,
+                                  max_new_tokens=6, stop_token_ids=(), seed=1, state=None)
+
+    async def go():
+        plain = sampler_policy.SamplerPolicy(tiny_sampler, num_rows=2, capacity=CAPACITY)
+        expected = await plain.generate(request("a/0"))
+        await plain.release("a/0")
+        pol = sampler_policy.SamplerPolicy(tiny_sampler, num_rows=2, capacity=CAPACITY)
+        await pol.prefill(request("b/0"))
+        assert pol.session.token_ids[pol._rows["b/0"]] == prompt.tolist()
+        await pol.fork("b/0", ["b/1"])
+        segments = []
+        real_append = pol.sampler.append
+        pol.sampler.append = lambda session, segs: (segments.extend(s for s in segs if s is not None),
+                                                    real_append(session, segs))[1]
+        try:
+            for rid in ("b/0", "b/1"):
+                gen = await pol.generate(request(rid))
+                np.testing.assert_array_equal(gen.token_ids, expected.token_ids)
+                np.testing.assert_allclose(gen.logprobs, expected.logprobs, atol=1e-5)
+        finally:
+            del pol.sampler.append
+        assert segments == []
+        with pytest.raises(ValueError, match="episode b/0: the sampler row holds 26 tokens that are not a prefix"):
+            await pol.prefill(request("b/0", np.arange(50, 80, dtype=np.int32)))
+        for rid in ("b/0", "b/1"):
+            await pol.release(rid)
+        assert sorted(pol._free) == [0, 1]
+
+    asyncio.run(go())
 
 
 def test_fork_errors_name_the_episode(tiny_sampler):

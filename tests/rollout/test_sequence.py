@@ -134,3 +134,18 @@ def test_generated_ids_can_be_trained_per_id():
     np.testing.assert_allclose(arrays["sampler_logprobs"], [0, 0, 0, 0, -0.5, 0, -0.7])
     with pytest.raises(ValueError, match="2 generated ids but 3 trained flags"):
         seq.append_generated(np.array([1, 2]), np.array([0.0, 0.0]), trained=np.array([True, False, True]))
+
+
+def test_a_sequence_takes_over_the_continuation_of_one_that_starts_like_it():
+    lead = sequence.TokenSequence(image_pad_id=99, merge_size=2)
+    lead.append_generated(np.array([5, 6]), np.array([-0.1, -0.2]))
+    follower = lead.copy()
+    lead.append_generated(np.array([7, 8]), np.array([-0.3, -0.4]), trained=np.array([True, False]))
+    follower.extend_from(lead)
+    for name, values in lead.arrays().items():
+        np.testing.assert_array_equal(follower.arrays()[name], values, err_msg=name)
+    other = sequence.TokenSequence(image_pad_id=99, merge_size=2)
+    other.append_generated(np.array([5, 9, 1]), np.array([0.0, 0.0, 0.0]))
+    with pytest.raises(ValueError, match=r"the sequence to continue from \(4 ids\) does not start with this "
+                                         r"sequence's 3 ids"):
+        other.extend_from(lead)

@@ -272,8 +272,10 @@ def test_calls_on_a_few_rows_run_on_those_rows_alone_with_the_same_results(tiny,
     """An append or generate whose rows fit a smaller bucket (`Buckets.active_rows`) gathers those rows, runs on
     them and writes them back: tokens, log-probs, draws, rope deltas and every row's cache and logits equal the
     whole-batch calls' (the other rows untouched), over appends with images, forks and sampled turns."""
-    whole = Sampler(tiny.model, buckets=dataclasses.replace(tiny.sampler.buckets, min_batch=8, min_active_rows=8))
-    some = Sampler(tiny.model, buckets=dataclasses.replace(tiny.sampler.buckets, min_batch=8, min_active_rows=2))
+    whole = Sampler(tiny.model, buckets=dataclasses.replace(tiny.sampler.buckets, min_batch=8, min_active_rows=8,
+                                                            min_append_rows=8, group_appends=False))
+    some = Sampler(tiny.model, buckets=dataclasses.replace(tiny.sampler.buckets, min_batch=8, min_active_rows=2,
+                                                           min_append_rows=2, group_appends=False))
     config = tiny.config
     prompts = to_segments(tiny_hf.make_batch(config, [[3, (4, 6), 2], [6], [2, (2, 4), 4], [9], [5]], seed=41))
     tool = to_segments(tiny_hf.make_batch(config, [[1, (4, 4), 2], [4]], seed=42))
@@ -308,6 +310,37 @@ def test_calls_on_a_few_rows_run_on_those_rows_alone_with_the_same_results(tiny,
     np.testing.assert_allclose(np.asarray(a.last_logits)[:6], np.asarray(b.last_logits)[:6], atol=1e-5)
     for x, y in zip(a.caches, b.caches):
         for row in range(6):
+            n = len(a.token_ids[row])
+            np.testing.assert_allclose(np.asarray(x.key)[row, :, :n], np.asarray(y.key)[row, :, :n], atol=1e-5)
+            np.testing.assert_allclose(np.asarray(x.value)[row, :, :n], np.asarray(y.value)[row, :, :n], atol=1e-5)
+
+
+def test_an_append_split_by_length_equals_one_call(tiny, to_segments):
+    """`Buckets.append_groups` splits an append of very different lengths into calls: the caches, logits, tokens
+    and positions equal one whole-batch call's, images included, and so does what is generated next."""
+    one = Sampler(tiny.model, buckets=dataclasses.replace(tiny.sampler.buckets, min_batch=8, group_appends=False))
+    split = Sampler(tiny.model, buckets=dataclasses.replace(tiny.sampler.buckets, min_batch=8))
+    segments = to_segments(tiny_hf.make_batch(tiny.config, [[2], [3, (4, 6), 2], [300], [1], [40, (2, 4), 3]],
+                                              seed=43))
+    assert len(split.buckets.append_groups([len(s.token_ids) for s in segments], batch=8, slots=512)) > 1
+    sampled = SamplingParams(temperature=1.0, seed=5, max_new_tokens=5, draw_below=0.9, max_draws=2)
+
+    def play(sampler):
+        session = sampler.new_session(6, capacity=512)
+        sampler.append(session, [*segments, None])
+        return session, sampler.generate(session, [sampled] * 5 + [None])
+
+    (a, a_out), (b, b_out) = play(one), play(split)
+    assert split.compilations["append"] > one.compilations["append"] == 1
+    for x, y in zip(a_out[:5], b_out[:5]):
+        np.testing.assert_array_equal(x.token_ids, y.token_ids)
+        np.testing.assert_array_equal(x.drawn, y.drawn)
+        np.testing.assert_allclose(x.logprobs, y.logprobs, atol=1e-5)
+    assert a.token_ids == b.token_ids and a.image_grid_thw == b.image_grid_thw
+    np.testing.assert_array_equal(np.asarray(a.lengths), np.asarray(b.lengths))
+    np.testing.assert_array_equal(np.asarray(a.next_positions), np.asarray(b.next_positions))
+    for x, y in zip(a.caches, b.caches):
+        for row in range(5):
             n = len(a.token_ids[row])
             np.testing.assert_allclose(np.asarray(x.key)[row, :, :n], np.asarray(y.key)[row, :, :n], atol=1e-5)
             np.testing.assert_allclose(np.asarray(x.value)[row, :, :n], np.asarray(y.value)[row, :, :n], atol=1e-5)
