@@ -19,7 +19,9 @@ Stages (each with a progress bar), all under one output folder:
    learner streams its shards and publishes new weights every step (`rl.grpo_loop`). A group's members play the
    first turns greedily (the same context for all) and sample the decision turn (`find_object`'s description),
    drawing only where the policy is unsure (at most two tokens a turn, the argmax elsewhere); the steps are large
-   (240 episodes) and train attention alone. The learner runs the shared context once (`data.shared_prefix`) and,
+   (960 episodes, each task of the GRPO world once) and train attention alone. The actor plays each group's shared
+   turns once, and on the offline world each repeated continuation once (`RolloutConfig.share_continuations`).
+   The learner runs the shared context once (`data.shared_prefix`) and,
    with `grpo_augment` (off by default), sees each group's content words permuted as SFT did, so its update has
    to improve copying rather than recall the GRPO tasks' looks.
 5. **Evaluation.** Naive, teacher, oracle expert, SFT and GRPO policies on the held-out world with the env's one
@@ -73,8 +75,8 @@ MIN_TASKS_FOR_WORKERS = 100
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SimTinyConfig:
-    """Everything the sim-tiny run decides (defaults: 12-20 minutes on 2 CPU cores by the machine and its day,
-    measured; more when SFT needs its extensions)."""
+    """Everything the sim-tiny run decides (defaults: about 20 minutes on 2 CPU cores when SFT takes its usual
+    steps, up to ~26 when it needs its extensions, by the machine and its day, measured)."""
 
     seed: int = 0
     # worlds
