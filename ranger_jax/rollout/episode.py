@@ -270,8 +270,8 @@ async def run_shared_trunk(env: tool_env.ToolEnv, policy: policy_lib.Policy, spe
 
     With `share_continuations` and `sample_turns` set, the turns after a sample's sampled ones are greedy: a
     sample whose tokens since the fork equal an earlier sample's at that point (the same sampled turns, the same
-    observations) frees its row and takes over that sample's continuation and score instead of playing it again
-    (`metadata["continued_from"]`). Exact when the environment answers a history the same way every time (the
+    observations) frees its row and takes over that sample's continuation instead of playing it again
+    (`metadata["continued_from"]`; it is still scored itself). Exact when the environment answers a history the same way every time (the
     offline world); a live web may not, so it is the caller's choice.
 
     Args:
@@ -321,7 +321,7 @@ async def run_shared_trunk(env: tool_env.ToolEnv, policy: policy_lib.Policy, spe
     fork_length = len(trunk.seq)
     merge_at = (first.sample_from_turn + first.sample_turns
                 if share_continuations and first.sample_turns is not None else None)
-    leads: dict[bytes, asyncio.Future] = {}  # tokens since the fork -> (episode, end state, score) of the first
+    leads: dict[bytes, asyncio.Future] = {}  # tokens since the fork -> (episode, end state) of the first
 
     async def branch(ep: _Episode) -> trajectory.Trajectory:
         branch_started = time.monotonic()
@@ -340,13 +340,12 @@ async def run_shared_trunk(env: tool_env.ToolEnv, policy: policy_lib.Policy, spe
             finally:
                 await _release(policy, ep.spec.rid, on_release)
             if following is not None:
-                leader, end, score = await following
+                leader, end = await following
                 ep.take_continuation(leader)
-                reward_s = 0.0
-            else:
-                score, reward_s = await _score(env, end, scorer)
+            # every episode is scored, a follower's too: a scorer may keep a record of each (an evaluation's rows)
+            score, reward_s = await _score(env, end, scorer)
             if lead is not None:
-                lead.set_result((ep, end, score))
+                lead.set_result((ep, end))
         except BaseException as err:
             if lead is not None and not lead.done():
                 lead.set_exception(err if isinstance(err, Exception) else RuntimeError(f"{ep.spec.rid}: {err!r}"))

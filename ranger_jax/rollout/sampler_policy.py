@@ -10,6 +10,10 @@ for the turns of every other episode holding a row (one still rendering its obse
 call): a batch costs about the same with one row as with all, so launching early would make the latecomers
 wait a whole call.
 
+Forks (`fork`) copy a row's cache, so a GRPO group's members continue one history without re-running it; `prefill`
+appends a turn's prompt without generating, so the prompt every member continues from is computed once, before
+the fork copies it (`episode.run_shared_trunk`).
+
 Continuous batching (`chunk_tokens`): a call decodes at most `chunk_tokens` tokens per row; turns still going
 carry on in the next call, which also takes the turns queued meanwhile. A batch then never waits for its longest
 turn (a call decodes until its last row stops, at the cost of every row, and one runaway turn holds all the

@@ -118,16 +118,27 @@ def test_samples_repeating_a_sampled_turn_share_the_continuation(sim_env, tasks,
     """`share_continuations`: samples whose sampled turn repeats an earlier sample's take over its continuation
     (`metadata["continued_from"]`): the same trajectories as samples that each played it, fewer turns played."""
     expert = policy.ScriptedPolicy(savanna.make_policy("expert", the_world), qwen_renderer.tokenizer)
+    env_scorer = scoring.make_scorer(sim_env, generate_images=False)
+
+    class CountingScorer:  # a scorer may keep a record of every episode (an evaluation's rows)
+        scored = 0
+
+        async def ascore(self, env, state):
+            CountingScorer.scored += 1
+            return await env_scorer.ascore(env, state)
+
     runs = {}
     for share in (False, True):
         pol = TwoMindedExpert(expert)
         config = runner.RolloutConfig(group_size=4, concurrency=8, seed=3, run_id="cont", episode=CONFIG,
                                       branch_turns=(branch,), sample_turns=1, share_continuations=share)
-        groups = sorted(runner.run(sim_env, pol, tasks[:5], renderer=qwen_renderer, config=config),
-                        key=lambda g: g.group_id)
-        runs[share] = groups, pol
-    (alone, alone_pol), (shared, shared_pol) = runs[False], runs[True]
+        CountingScorer.scored = 0
+        groups = sorted(runner.run(sim_env, pol, tasks[:5], renderer=qwen_renderer, config=config,
+                                   scorer=CountingScorer()), key=lambda g: g.group_id)
+        runs[share] = groups, pol, CountingScorer.scored
+    (alone, alone_pol, alone_scored), (shared, shared_pol, shared_scored) = runs[False], runs[True]
     assert not shared_pol.live and shared_pol.max_live <= 8
+    assert shared_scored == alone_scored > 0  # every episode scored as before, a follower too
     continued = 0
     for a, b in zip(alone, shared, strict=True):
         by_rid = {t.metadata["rid"]: t for t in b.trajectories}
