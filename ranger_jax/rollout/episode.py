@@ -271,8 +271,8 @@ async def run_shared_trunk(env: tool_env.ToolEnv, policy: policy_lib.Policy, spe
     With `share_continuations` and `sample_turns` set, the turns after a sample's sampled ones are greedy: a
     sample whose tokens since the fork equal an earlier sample's at that point (the same sampled turns, the same
     observations) frees its row and takes over that sample's continuation instead of playing it again
-    (`metadata["continued_from"]`; it is still scored itself). Exact when the environment answers a history the same way every time (the
-    offline world); a live web may not, so it is the caller's choice.
+    (`metadata["continued_from"]`; it is still scored itself). Exact when the environment answers a history the
+    same way every time (the offline world); a live web may not, so it is the caller's choice.
 
     Args:
         specs: the group's samples in order: one task and group id, one `sample_from_turn` >= 1.
@@ -342,10 +342,10 @@ async def run_shared_trunk(env: tool_env.ToolEnv, policy: policy_lib.Policy, spe
             if following is not None:
                 leader, end = await following
                 ep.take_continuation(leader)
-            # every episode is scored, a follower's too: a scorer may keep a record of each (an evaluation's rows)
-            score, reward_s = await _score(env, end, scorer)
-            if lead is not None:
+            if lead is not None:  # its followers go on while it is scored
                 lead.set_result((ep, end))
+            # every episode is scored, a follower too: a scorer may keep a record of each (an evaluation's rows)
+            score, reward_s = await _score(env, end, scorer)
         except BaseException as err:
             if lead is not None and not lead.done():
                 lead.set_exception(err if isinstance(err, Exception) else RuntimeError(f"{ep.spec.rid}: {err!r}"))

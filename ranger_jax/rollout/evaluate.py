@@ -161,7 +161,8 @@ def evaluate_checkpoint(world_dir: str | os.PathLike, checkpoint: str | os.PathL
                         sampling: policy_lib.SamplingParams = GREEDY, samples_per_task: int = 1,
                         branch_turns: tuple[int, ...] = (0,), sample_turns: int | None = None, seed: int = 0,
                         chunk_tokens: int | None = sampler_policy.DEFAULT_CHUNK_TOKENS, share_trunk: bool = True,
-                        prefill_trunk: bool = True, share_continuations: bool = False, buckets: Any = None, progress: bool = False, **env_options: Any) -> dict[str, Any]:
+                        prefill_trunk: bool = True, share_continuations: bool = False, buckets: Any = None,
+                        progress: bool = False, **env_options: Any) -> dict[str, Any]:
     """Runs a checkpoint on the world's tasks, greedily unless `sampling` says otherwise (module docstring);
     returns the summary and one row per episode.
 

@@ -60,8 +60,8 @@ class RolloutConfig:
     prefill_trunk: bool = True
     # with shared trunks and `sample_turns` set: a sample whose sampled turns (and the observations after them) come
     # out token-identical to an earlier sample's takes over that sample's greedy continuation instead of playing it
-    # again (`episode.run_shared_trunk`; each sample is still scored). Exact for an environment that answers a history the same way
-    # every time (the offline world); a live web may not, hence off by default
+    # again (`episode.run_shared_trunk`; each sample is still scored). Exact for an environment that answers a
+    # history the same way every time (the offline world); a live web may not, hence off by default
     share_continuations: bool = False
 
     def __post_init__(self):
