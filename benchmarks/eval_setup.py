@@ -1,5 +1,5 @@
-"""The world and policy of the evaluation benchmarks beside it (`shared_trunk.py`, `continuous_batching.py`,
-`active_rows.py`, `fit_images.py`), which import it as the sibling module `eval_setup` (a script's own folder is
+"""The world and policy of the evaluation benchmarks beside it (`shared_trunk.py`, `group_savings.py`,
+`continuous_batching.py`, `active_rows.py`, `fit_images.py`), which import it as the sibling module `eval_setup` (a script's own folder is
 first on `sys.path`): `--world` and `--policy` name an existing world and checkpoint; without them a world of
 `--tasks` tasks is built from `--seed` and a random `Qwen3VLConfig.tiny()` checkpoint written, both in a work
 folder. `timed_runs` times repeated evaluations, the first compiling from nothing, and `report` prints and writes
@@ -23,6 +23,8 @@ from ranger_jax.rollout import actor, evaluate, policy
 from ranger_jax.sampling import Buckets
 
 BUILT_TASKS = 24  # tasks of a built world
+# how sim-tiny's GRPO actor samples its branching turn: draws where the top token is below 0.9, at most 2 a turn
+DECISION_SAMPLING = policy.SamplingParams(temperature=1.0, draw_below=0.9, max_draws=2)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -67,8 +69,7 @@ def timed_runs(world: Path, checkpoint: Path, cache: Path, *, buckets: Buckets, 
     `sampled` scores as sim-tiny's GRPO actor samples (4 episodes a task, turn 2 decision-sampled)."""
     options = dict(concurrency=concurrency, limit=limit, buckets=buckets)
     if sampled:
-        options.update(sampling=policy.SamplingParams(temperature=1.0, draw_below=0.9, max_draws=2),
-                       samples_per_task=4, branch_turns=(2,), sample_turns=1, seed=7)
+        options.update(sampling=DECISION_SAMPLING, samples_per_task=4, branch_turns=(2,), sample_turns=1, seed=7)
     timings = []
     with compilation_cache.enabled(cache):
         for _ in range(runs):
@@ -81,6 +82,22 @@ def timed_runs(world: Path, checkpoint: Path, cache: Path, *, buckets: Buckets, 
     warm = min(timings[1:], key=lambda r: r["seconds"]) if runs > 1 else None
     return {"cold": timings[0], "warm": warm, "runs": timings, "reward_mean": result["reward_mean"],
             "reward_per_task": result["reward_per_task"]}
+
+
+def timed_sampled_evaluation(world: Path, checkpoint: Path, *, limit: int | None, samples: int, branch_turn: int,
+                             concurrency: int, **options) -> dict:
+    """The evaluation played as sim-tiny's GRPO actor plays (`samples` episodes a task, turn `branch_turn`
+    decision-sampled alone), twice: the second timed (the first, on the first 16 tasks, compiles). `options` go to
+    `evaluate.evaluate_checkpoint` (e.g. `share_trunk`, `buckets`). Seconds, episodes/s and rewards."""
+    options = dict(concurrency=concurrency, sampling=DECISION_SAMPLING, samples_per_task=samples,
+                   branch_turns=(branch_turn,), sample_turns=1, seed=7, **options)
+    evaluate.evaluate_checkpoint(world, checkpoint, limit=min(16, limit or 16), **options)
+    started = time.perf_counter()
+    result = evaluate.evaluate_checkpoint(world, checkpoint, limit=limit, **options)
+    seconds = time.perf_counter() - started
+    episodes = result["num_tasks"] * samples
+    return {"seconds": round(seconds, 2), "episodes_per_s": round(episodes / seconds, 3),
+            "reward_mean": result["reward_mean"], "reward_per_task": result["reward_per_task"]}
 
 
 def report(args: argparse.Namespace, world: Path, reference: tuple[str, str, dict], candidate: tuple[str, str, dict],

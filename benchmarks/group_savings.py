@@ -28,15 +28,12 @@ import argparse
 import json
 import os
 import tempfile
-import time
 from pathlib import Path
 
 import eval_setup  # benchmarks/eval_setup.py, beside this script
 from ranger_jax import compilation_cache, fileio
-from ranger_jax.rollout import evaluate, policy
 from ranger_jax.sampling import Buckets
 
-DECISION_SAMPLING = policy.SamplingParams(temperature=1.0, draw_below=0.9, max_draws=2)
 UNGROUPED = Buckets(group_appends=False, min_append_rows=8)
 SETTINGS = (
     ("before", "before", dict(prefill_trunk=False, buckets=UNGROUPED, share_continuations=False)),
@@ -45,20 +42,6 @@ SETTINGS = (
     ("share_continuations", "+ shared continuations",
      dict(prefill_trunk=True, buckets=Buckets(), share_continuations=True)),
 )
-
-
-def timed_evaluation(world: Path, checkpoint: Path, *, limit: int | None, samples: int, branch_turn: int,
-                     concurrency: int, **setting) -> dict:
-    """The sampled evaluation twice, the second timed (the first, on the first 16 tasks, compiles)."""
-    options = dict(concurrency=concurrency, sampling=DECISION_SAMPLING, samples_per_task=samples,
-                   branch_turns=(branch_turn,), sample_turns=1, seed=7, **setting)
-    evaluate.evaluate_checkpoint(world, checkpoint, limit=min(16, limit or 16), **options)
-    started = time.perf_counter()
-    result = evaluate.evaluate_checkpoint(world, checkpoint, limit=limit, **options)
-    seconds = time.perf_counter() - started
-    episodes = result["num_tasks"] * samples
-    return {"seconds": round(seconds, 2), "episodes_per_s": round(episodes / seconds, 3),
-            "reward_mean": result["reward_mean"], "reward_per_task": result["reward_per_task"]}
 
 
 def main() -> None:
@@ -79,7 +62,7 @@ def main() -> None:
                    concurrency=args.concurrency)
     results: dict = {"world": str(world), "policy": str(checkpoint), **options, "cpu_count": os.cpu_count()}
     with compilation_cache.enabled(workdir / "jax_cache"):
-        runs = [(key, label, timed_evaluation(world, checkpoint, **options, **setting))
+        runs = [(key, label, eval_setup.timed_sampled_evaluation(world, checkpoint, **options, **setting))
                 for key, label, setting in SETTINGS]
     before = runs[0][2]
     print(f"{'setting':24s} {'episodes/s':>11s} {'seconds':>8s} {'speed-up':>9s} {'reward':>7s}  rewards")

@@ -20,28 +20,10 @@ import argparse
 import json
 import os
 import tempfile
-import time
 from pathlib import Path
 
 import eval_setup  # benchmarks/eval_setup.py, beside this script
 from ranger_jax import compilation_cache, fileio
-from ranger_jax.rollout import evaluate, policy
-
-DECISION_SAMPLING = policy.SamplingParams(temperature=1.0, draw_below=0.9, max_draws=2)
-
-
-def timed_evaluation(world: Path, checkpoint: Path, *, share_trunk: bool, limit: int | None, samples: int,
-                     branch_turn: int, concurrency: int) -> dict:
-    """The sampled evaluation twice, the second timed (the first, on the first 16 tasks, compiles)."""
-    options = dict(concurrency=concurrency, sampling=DECISION_SAMPLING, samples_per_task=samples,
-                   branch_turns=(branch_turn,), sample_turns=1, seed=7, share_trunk=share_trunk)
-    evaluate.evaluate_checkpoint(world, checkpoint, limit=min(16, limit or 16), **options)
-    started = time.perf_counter()
-    result = evaluate.evaluate_checkpoint(world, checkpoint, limit=limit, **options)
-    seconds = time.perf_counter() - started
-    episodes = result["num_tasks"] * samples
-    return {"seconds": round(seconds, 2), "episodes_per_s": round(episodes / seconds, 3),
-            "reward_mean": result["reward_mean"], "reward_per_task": result["reward_per_task"]}
 
 
 def main() -> None:
@@ -60,8 +42,8 @@ def main() -> None:
     options = dict(limit=args.tasks, samples=args.samples, branch_turn=args.branch_turn,
                    concurrency=args.concurrency)
     with compilation_cache.enabled(workdir / "jax_cache"):
-        alone = timed_evaluation(world, checkpoint, share_trunk=False, **options)
-        shared = timed_evaluation(world, checkpoint, share_trunk=True, **options)
+        alone = eval_setup.timed_sampled_evaluation(world, checkpoint, share_trunk=False, **options)
+        shared = eval_setup.timed_sampled_evaluation(world, checkpoint, share_trunk=True, **options)
     same = alone["reward_per_task"] == shared["reward_per_task"]
     results = {"world": str(world), "policy": str(checkpoint), **options, "cpu_count": os.cpu_count(),
                "every_sample": alone, "shared_trunk": shared, "speedup": round(alone["seconds"] / shared["seconds"], 3),

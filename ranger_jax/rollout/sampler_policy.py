@@ -197,13 +197,7 @@ class SamplerPolicy:
         Raises:
             ValueError: the prompt does not continue the episode's row (see `new_segment`).
         """
-        row = await self._row(request.rid)
-        future = asyncio.get_running_loop().create_future()
-        self._pending.append(_Pending(row, request, future))
-        self._signal()
-        if self._driver is None or self._driver.done():
-            self._driver = asyncio.ensure_future(self._drive())
-        completion, batch_size = await future
+        completion, batch_size = await self._queue(request)
         return policy_lib.Generation(token_ids=completion.token_ids, logprobs=completion.logprobs,
                                      finish_reason=completion.finish_reason, policy_version=self.policy_version,
                                      info={"batch_size": batch_size}, drawn=completion.drawn)
@@ -217,13 +211,7 @@ class SamplerPolicy:
         Raises:
             ValueError: the prompt does not continue the episode's row (see `new_segment`).
         """
-        row = await self._row(request.rid)
-        future = asyncio.get_running_loop().create_future()
-        self._pending.append(_Pending(row, request, future, prefill_only=True))
-        self._signal()
-        if self._driver is None or self._driver.done():
-            self._driver = asyncio.ensure_future(self._drive())
-        await future
+        await self._queue(request, prefill_only=True)
 
     async def fork(self, rid: str, into: Sequence[str]) -> None:
         """Episodes `into` continue episode `rid`: each gets a row holding a copy of its row (KV cache, positions,
@@ -244,15 +232,28 @@ class SamplerPolicy:
         rows = [await self._row(other) for other in into]
         future = asyncio.get_running_loop().create_future()
         self._forks.append((self._rows[rid], rows, future))
-        self._signal()
-        if self._driver is None or self._driver.done():
-            self._driver = asyncio.ensure_future(self._drive())
+        self._wake()
         try:
             await future
         except BaseException:
             for other in into:  # the copies never happened: the rows go back
                 await self.release(other)
             raise
+
+    async def _queue(self, request: policy_lib.TurnRequest, *, prefill_only: bool = False) -> Any:
+        """Queues the turn on its episode's row for the next batched call; what the call gives it (its completion
+        and batch size; None for a prefill)."""
+        row = await self._row(request.rid)
+        future = asyncio.get_running_loop().create_future()
+        self._pending.append(_Pending(row, request, future, prefill_only=prefill_only))
+        self._wake()
+        return await future
+
+    def _wake(self) -> None:
+        """Tells the driver there is work, starting it if it is not running."""
+        self._signal()
+        if self._driver is None or self._driver.done():
+            self._driver = asyncio.ensure_future(self._drive())
 
     def _signal(self) -> None:
         if self._arrived is not None and self._loop is asyncio.get_running_loop():

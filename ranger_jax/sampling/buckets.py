@@ -105,7 +105,7 @@ class Buckets:
             copies = rows * (slots // 32) if rows < batch else 0
             return min(rows, batch) * buckets[last] + copies + 32
 
-        best = [(0, -1)] + [(0, -1)] * len(buckets)  # best[j]: (cost of buckets[:j], start of its last call)
+        best = [(0, -1)] * (len(buckets) + 1)  # best[j]: (cost of buckets[:j], start of its last call)
         for j in range(1, len(buckets) + 1):
             best[j] = min((best[i][0] + cost(i, j - 1), i) for i in range(j))
         calls, end = [], len(buckets)
