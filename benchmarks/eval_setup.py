@@ -1,10 +1,9 @@
 """The world and policy of the evaluation benchmarks beside it (`shared_trunk.py`, `group_savings.py`,
-`continuous_batching.py`, `active_rows.py`, `fit_images.py`), which import it as the sibling module `eval_setup` (a script's own folder is
-first on `sys.path`): `--world` and `--policy` name an existing world and checkpoint; without them a world of
-`--tasks` tasks is built from `--seed` and a random `Qwen3VLConfig.tiny()` checkpoint written, both in a work
-folder. `timed_runs` times repeated evaluations, the first compiling from nothing, and `report` prints and writes
-two settings' runs side by side.
-"""
+`continuous_batching.py`, `active_rows.py`, `fit_images.py`), which import it as the sibling module `eval_setup` (a
+script's own folder is first on `sys.path`): `--world` and `--policy` name an existing world and checkpoint; without
+them a world of `--tasks` tasks is built from `--seed` and a random `Qwen3VLConfig.tiny()` checkpoint written, both
+in a work folder. `timed_runs` times repeated evaluations, the first compiling from nothing, and `report` prints and
+writes two settings' runs side by side."""
 
 from __future__ import annotations
 
@@ -25,6 +24,13 @@ from ranger_jax.sampling import Buckets
 BUILT_TASKS = 24  # tasks of a built world
 # how sim-tiny's GRPO actor samples its branching turn: draws where the top token is below 0.9, at most 2 a turn
 DECISION_SAMPLING = policy.SamplingParams(temperature=1.0, draw_below=0.9, max_draws=2)
+
+
+def actor_sampling(samples: int, branch_turn: int) -> dict:
+    """`evaluate.evaluate_checkpoint` options that play as sim-tiny's GRPO actor: `samples` episodes a task, turn
+    `branch_turn` decision-sampled alone, the other turns greedy."""
+    return dict(sampling=DECISION_SAMPLING, samples_per_task=samples, branch_turns=(branch_turn,), sample_turns=1,
+                seed=7)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -69,7 +75,7 @@ def timed_runs(world: Path, checkpoint: Path, cache: Path, *, buckets: Buckets, 
     `sampled` scores as sim-tiny's GRPO actor samples (4 episodes a task, turn 2 decision-sampled)."""
     options = dict(concurrency=concurrency, limit=limit, buckets=buckets)
     if sampled:
-        options.update(sampling=DECISION_SAMPLING, samples_per_task=4, branch_turns=(2,), sample_turns=1, seed=7)
+        options.update(actor_sampling(4, 2))
     timings = []
     with compilation_cache.enabled(cache):
         for _ in range(runs):
@@ -89,8 +95,7 @@ def timed_sampled_evaluation(world: Path, checkpoint: Path, *, limit: int | None
     """The evaluation played as sim-tiny's GRPO actor plays (`samples` episodes a task, turn `branch_turn`
     decision-sampled alone), twice: the second timed (the first, on the first 16 tasks, compiles). `options` go to
     `evaluate.evaluate_checkpoint` (e.g. `share_trunk`, `buckets`). Seconds, episodes/s and rewards."""
-    options = dict(concurrency=concurrency, sampling=DECISION_SAMPLING, samples_per_task=samples,
-                   branch_turns=(branch_turn,), sample_turns=1, seed=7, **options)
+    options = dict(concurrency=concurrency, **actor_sampling(samples, branch_turn), **options)
     evaluate.evaluate_checkpoint(world, checkpoint, limit=min(16, limit or 16), **options)
     started = time.perf_counter()
     result = evaluate.evaluate_checkpoint(world, checkpoint, limit=limit, **options)

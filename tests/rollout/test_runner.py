@@ -121,10 +121,11 @@ def test_samples_repeating_a_sampled_turn_share_the_continuation(sim_env, tasks,
     env_scorer = scoring.make_scorer(sim_env, generate_images=False)
 
     class CountingScorer:  # a scorer may keep a record of every episode (an evaluation's rows)
-        scored = 0
+        def __init__(self):
+            self.scored = 0
 
         async def ascore(self, env, state):
-            CountingScorer.scored += 1
+            self.scored += 1
             return await env_scorer.ascore(env, state)
 
     runs = {}
@@ -132,10 +133,10 @@ def test_samples_repeating_a_sampled_turn_share_the_continuation(sim_env, tasks,
         pol = TwoMindedExpert(expert)
         config = runner.RolloutConfig(group_size=4, concurrency=8, seed=3, run_id="cont", episode=CONFIG,
                                       branch_turns=(branch,), sample_turns=1, share_continuations=share)
-        CountingScorer.scored = 0
-        groups = sorted(runner.run(sim_env, pol, tasks[:5], renderer=qwen_renderer, config=config,
-                                   scorer=CountingScorer()), key=lambda g: g.group_id)
-        runs[share] = groups, pol, CountingScorer.scored
+        scorer = CountingScorer()
+        groups = sorted(runner.run(sim_env, pol, tasks[:5], renderer=qwen_renderer, config=config, scorer=scorer),
+                        key=lambda g: g.group_id)
+        runs[share] = groups, pol, scorer.scored
     (alone, alone_pol, alone_scored), (shared, shared_pol, shared_scored) = runs[False], runs[True]
     assert not shared_pol.live and shared_pol.max_live <= 8
     assert shared_scored == alone_scored > 0  # every episode scored as before, a follower too
