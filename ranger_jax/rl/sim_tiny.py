@@ -127,11 +127,9 @@ class SimTinyConfig:
     # second attempt, ended its 300 steps at mean loss 0.31 (0.02-0.03 in the other runs) and its SFT policy scored
     # 0.01; 300 more steps took it to 0.10 and 0.30 (docs/sim_tiny.md). So while the mean loss of the last 50 steps
     # is above `sft_target_loss`, SFT goes on `sft_extension_steps` at a time (the cosine schedule stretched to the
-    # new end, resumed from the stage's checkpoint), at most `sft_max_extra_steps` beyond `sft_steps`. Extensions
-    # of 100 steps (~2 minutes on 2 cores, ~9 s of it the restart) rather than 300: seed 3, at 0.063 after 300
-    # steps, was at 0.048 by step 400, so a run just above the target stops as soon as it is below it.
+    # new end, resumed from the stage's checkpoint), at most `sft_max_extra_steps` beyond `sft_steps`.
     sft_target_loss: float = 0.05
-    sft_extension_steps: int = 100
+    sft_extension_steps: int = 300
     sft_max_extra_steps: int = 900
     # Rehearsing the random-token copy after every SFT step (off: measured not to help, ~35% more SFT time).
     copy_rehearsal: bool = False
