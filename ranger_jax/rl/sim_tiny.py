@@ -127,7 +127,9 @@ class SimTinyConfig:
     # second attempt, ended its 300 steps at mean loss 0.31 (0.02-0.03 in the other runs) and its SFT policy scored
     # 0.01; 300 more steps took it to 0.10 and 0.30 (docs/sim_tiny.md). So while the mean loss of the last 50 steps
     # is above `sft_target_loss`, SFT goes on `sft_extension_steps` at a time (the cosine schedule stretched to the
-    # new end, resumed from the stage's checkpoint), at most `sft_max_extra_steps` beyond `sft_steps`.
+    # new end, resumed from the stage's checkpoint), at most `sft_max_extra_steps` beyond `sft_steps`. Extensions of
+    # 100 steps resume at 5-15% of the peak learning rate: seed 3 then hovered at 0.050-0.055 from step 400 to 800
+    # where 300 steps took it to 0.036 (docs/sim_tiny.md)
     sft_target_loss: float = 0.05
     sft_extension_steps: int = 300
     sft_max_extra_steps: int = 900
