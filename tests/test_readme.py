@@ -60,7 +60,7 @@ def test_install_commands_use_the_tested_pins():
         words = shlex.split(command)
         assert words[:3] == ["python3.11", "-m", "venv"]
         assert "-c" in words and words[words.index("-c") + 1] == "constraints.txt"
-    assert ".[test]" in shlex.split(second) and second.endswith(".venv/bin/python -m pytest")
+    assert ".[test]" in shlex.split(second) and second.endswith(".venv/bin/python -m pytest -n 2 --dist loadfile")
     pins = dict(line.split("==") for line in (ROOT / "constraints.txt").read_text().splitlines()
                 if line and not line.startswith("#"))
     assert pins["torch"] == "2.13.0" and pins["jax"] == "0.10.2"
