@@ -131,7 +131,7 @@ class SimTinyConfig:
     # 100 steps resume at 5-15% of the peak learning rate: seed 3 then hovered at 0.050-0.055 from step 400 to 800
     # where 300 steps took it to 0.036 (docs/sim_tiny.md). The target is 0.08 (0.05 before): it catches a stalled
     # SFT (0.31 and 0.10 above, policies of 0.01 and 0.26) but not seeds 3 and 5, which end 300 steps at 0.063 and
-    # 0.072. Their extension cost 6-7 minutes, and without it GRPO still beats SFT on the two fresh worlds by more
+    # 0.072. Their extension cost ~6 minutes, and without it GRPO still beats SFT on the two fresh worlds by more
     # than 2 SE (+0.074 and +0.045 against +0.026 and +0.085), while seed 5's policies are weaker (GRPO 0.29 against
     # 0.42 on its own world), as are seed 2's, whose SFT now stops at 900 steps (GRPO 0.47 against 0.53, gaining
     # nothing either way); docs/sim_tiny.md, "The target: 0.08".
