@@ -33,7 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     tiny.add_argument("--grpo-schedule", default="default",
                       help="named GRPO settings: default (= long: 8 steps of 960 decision-sampled episodes in "
                            "groups of 8 over 960 tasks, attention trained alone; GRPO - SFT held-out reward on two "
-                           "fresh worlds +0.034, +0.014, +0.026, +0.076, +0.085 on seeds 0, 1, 3, 4, 5), short (the "
+                           "fresh worlds, from SFT policies of the old 0.05 SFT target, "
+                           "+0.034, +0.014, +0.026, +0.076, +0.085 on seeds 0, 1, 3, 4, 5), short (the "
                            "default before: 4 steps of 240, ~10 min less; on the fresh worlds +0.008, +0.006, "
                            "-0.006, -0.009, +0.029), groups-of-4 (short's steps in groups of 4), three-steps (three "
                            "steps of groups of 4), small-steps (6 steps of 32 episodes: -0.017 to -0.000), "

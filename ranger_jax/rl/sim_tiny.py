@@ -142,12 +142,13 @@ class SimTinyConfig:
     copy_rehearsal: bool = False
     sft_augment: bool = True  # permute every content word through each SFT episode (data.augment.content_words)
     # GRPO: 8 steps of 960 decision-sampled episodes (120 groups of 8) over a 960-task world, each task once,
-    # attention trained alone. Measured from the SFT policies of seeds 0, 1, 3, 4 and 5 (docs/sim_tiny.md, "Eight
-    # steps of 960 episodes"): on two fresh 300-task worlds no setting was chosen on, GRPO - SFT held-out greedy
-    # reward +0.034 (paired SE 0.013), +0.014 (0.010), +0.026 (0.013), +0.076 (0.018), +0.085 (0.017), +0.047 (pooled
-    # SE 0.006) over the five. The default before (`GRPO_SCHEDULES["short"]`: 4 steps of 240, a quarter of the
-    # gradient's noise scale each) gave +0.008, +0.006, -0.006, -0.009, +0.029 there: at this scale the greedy policy
-    # moves with ~10^4 episodes, not ~10^3. Steps of 32 episodes (6 of 4 groups of 8, every token of the sampled
+    # attention trained alone. Measured from the SFT policies (SFT target 0.05 then) of seeds 0, 1, 3, 4 and 5
+    # (docs/sim_tiny.md, "Eight steps of 960 episodes"): on two fresh 300-task worlds no setting was chosen on,
+    # GRPO - SFT held-out greedy reward +0.034 (paired SE 0.013), +0.014 (0.010), +0.026 (0.013), +0.076 (0.018),
+    # +0.085 (0.017), +0.047 (pooled SE 0.006) over the five. The default before (`GRPO_SCHEDULES["short"]`: 4
+    # steps of 240, a quarter of the gradient's noise scale each) gave +0.008, +0.006, -0.006, -0.009, +0.029 there:
+    # at this scale the greedy policy moves with ~10^4 episodes, not ~10^3. Steps of 32 episodes (6 of 4 groups of
+    # 8, every token of the sampled
     # turn drawn, every parameter, lr 1e-4: `GRPO_SCHEDULES["small-steps"]`) gave -0.017 to -0.000 on the runs' own
     # worlds
     grpo_steps: int = 8
