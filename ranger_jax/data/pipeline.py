@@ -8,7 +8,8 @@
 Stages, per host:
 
 1. **Units.** An SFT row, a trajectory record, or (GRPO) all records of one `group_id`, found once by
-   `group_records`. Units are split between hosts by `jax.process_index()` / `process_count()` (unit i goes to
+   `group_records` in an order of their own (groups by id, members by sample index), whatever the order the
+   shards hold them in. Units are split between hosts by `jax.process_index()` / `process_count()` (unit i goes to
    host i mod count: disjoint, and together complete), shuffled with `seed` (a new order each epoch) and
    repeated `num_epochs` times (None: forever).
 2. **Examples.** Each unit is read in Grain's reader threads: trajectories exactly as recorded
@@ -44,15 +45,19 @@ DEFAULT_WINDOW_BATCHES = 8  # batches sorted by length together: more = less len
 
 
 def group_records(source: shards.TrajectorySource) -> list[tuple[int, ...]]:
-    """Record indices of each GRPO group (`group_id`), groups in order of first appearance.
+    """Record indices of each GRPO group (`group_id`): groups sorted by id, members by `sample_index`.
 
-    Reads every record once (a corrupt one raises `CorruptShardError` naming its shard and record).
+    The order follows the records, not where they sit in the shards: an actor writes each group as it finishes, so
+    two runs of one round can hold the same records in another order, and the batches built from them (with the
+    update's floating-point sums) must not change with it. Reads every record once (a corrupt one raises
+    `CorruptShardError` naming its shard and record).
     """
-    groups: dict[str, list[int]] = {}
+    groups: dict[str, list[tuple[int, int]]] = {}
     for index in range(len(source)):
-        groups.setdefault(source[index].group_id, []).append(index)
+        record = source[index]
+        groups.setdefault(record.group_id, []).append((record.sample_index, index))
     log.info("indexed %d trajectories in %d groups", len(source), len(groups))
-    return [tuple(members) for members in groups.values()]
+    return [tuple(index for _, index in sorted(groups[group_id])) for group_id in sorted(groups)]
 
 
 class LoadTrajectories:

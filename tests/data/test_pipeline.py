@@ -386,3 +386,28 @@ def test_corrupt_shards_raise_naming_the_shard(recordings, tmp_path, spec):
                                           shard_count=1)
     with pytest.raises(shards.CorruptShardError, match=r"flipped.array_record record \d+ cannot be read"):
         batches(dataset)
+
+
+def test_grpo_batches_do_not_depend_on_the_order_the_shards_hold_the_records_in(recordings, spec, tmp_path):
+    """An actor writes groups as they finish: the same round can arrive in another order, and the same batches
+    (bit for bit, so the same update) must come out of it."""
+    trajectories = [t for t, _ in recordings]
+    shuffled = [trajectories[i] for i in np.random.default_rng(3).permutation(len(trajectories))]
+    assert [t.sample_index for t in shuffled] != [t.sample_index for t in trajectories]
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    shards.write_shard(tmp_path / "a" / "r-00000.array_record", trajectories)
+    shards.write_shard(tmp_path / "b" / "r-00000.array_record", shuffled[:7])
+    shards.write_shard(tmp_path / "b" / "r-00001.array_record", shuffled[7:])
+
+    def all_batches(folder):
+        dataset = pipeline.trajectory_dataset(shards.TrajectorySource(folder), spec=spec, vision=recorded.VISION,
+                                              num_epochs=1, seed=4, window_batches=2, shard_index=0, shard_count=1)
+        return batches(dataset)
+
+    first, second = all_batches(tmp_path / "a"), all_batches(tmp_path / "b")
+    assert len(first) == len(second) > 1
+    for one, other in zip(first, second):
+        assert one.keys() == other.keys()
+        for key in one:
+            np.testing.assert_array_equal(one[key], other[key], err_msg=key)
