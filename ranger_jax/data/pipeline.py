@@ -51,13 +51,28 @@ def group_records(source: shards.TrajectorySource) -> list[tuple[int, ...]]:
     two runs of one round can hold the same records in another order, and the batches built from them (with the
     update's floating-point sums) must not change with it. Reads every record once (a corrupt one raises
     `CorruptShardError` naming its shard and record).
+
+    Raises:
+        ValueError: a group holds two records with one `sample_index` (a group written twice, e.g. by an actor
+            that replayed a round, would count its samples twice); the message names the group and both records.
     """
     groups: dict[str, list[tuple[int, int]]] = {}
     for index in range(len(source)):
         record = source[index]
         groups.setdefault(record.group_id, []).append((record.sample_index, index))
+    for group_id, members in groups.items():
+        members.sort()
+        for (sample, earlier), (next_sample, later) in zip(members, members[1:]):
+            if sample == next_sample:
+                raise ValueError(f"group {group_id!r} holds sample_index {sample} twice: at "
+                                 f"{_where(source, earlier)} and {_where(source, later)}")
     log.info("indexed %d trajectories in %d groups", len(source), len(groups))
-    return [tuple(index for _, index in sorted(groups[group_id])) for group_id in sorted(groups)]
+    return [tuple(index for _, index in groups[group_id]) for group_id in sorted(groups)]
+
+
+def _where(source: shards.TrajectorySource, index: int) -> str:
+    path, local = source.locate(index)
+    return f"shard {path} record {local}"
 
 
 class LoadTrajectories:

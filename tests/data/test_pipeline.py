@@ -411,3 +411,27 @@ def test_grpo_batches_do_not_depend_on_the_order_the_shards_hold_the_records_in(
         assert one.keys() == other.keys()
         for key in one:
             np.testing.assert_array_equal(one[key], other[key], err_msg=key)
+
+
+def test_a_group_written_twice_is_refused_naming_both_records(recordings, spec, tmp_path):
+    """Two records claiming one sample of a group (an actor that replayed a round into the folder) would count the
+    sample twice in the group's statistics: refused, naming the group and where both copies are."""
+    trajectories = [t for t, _ in recordings]
+    twice, once = tmp_path / "twice", tmp_path / "once"
+    twice.mkdir()
+    once.mkdir()
+    shards.write_shard(twice / "r-00000.array_record", trajectories)
+    shards.write_shard(twice / "r-00001.array_record", [trajectories[4]])  # group g1, sample 1 again
+    shards.write_shard(once / "r-00000.array_record", trajectories)
+    source = shards.TrajectorySource(twice)
+    message = (r"group 'g1' holds sample_index 1 twice: at shard \S*r-00000.array_record record 4 and shard "
+               r"\S*r-00001.array_record record 0")
+    with pytest.raises(ValueError, match=message):
+        pipeline.trajectory_dataset(source, spec=spec, num_epochs=1, shard_index=0, shard_count=1)
+
+    def rows_one_by_one(folder):  # no groups (SFT on trajectories): a repeated record is one more row
+        dataset = pipeline.trajectory_dataset(shards.TrajectorySource(folder), spec=spec, grpo_groups=False,
+                                              num_epochs=1, shard_index=0, shard_count=1)
+        return sum(int(np.sum(batch["row_valid"])) for batch in batches(dataset))
+
+    assert rows_one_by_one(twice) == rows_one_by_one(once) + 1
