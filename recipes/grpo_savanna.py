@@ -1,6 +1,6 @@
 """The main job: SFT then GRPO of a Qwen3-VL policy for agentic image search.
 
-    python recipes/grpo_savanna.py                          # sim-tiny: the whole method on a CPU, ~20-26 min on 2 cores
+    python recipes/grpo_savanna.py                          # sim-tiny: the whole method on a CPU, ~20-34 min on 2 cores
     python recipes/grpo_savanna.py --out runs/a --seed 1    # another seed, another folder
     python recipes/grpo_savanna.py --blind                  # the control run: observations blanked
     python recipes/grpo_savanna.py --grpo-schedule short --out runs/short   # 1/8 of the GRPO episodes, ~10 min less

@@ -1,7 +1,7 @@
 """Presets of the GRPO main job (`recipes/grpo_savanna.py --preset NAME`) and their checks.
 
-- `sim-tiny`: the whole method on 2 CPU cores in about 20 minutes, by the machine (`rl.sim_tiny`;
-  up to ~26 when SFT needs its extensions).
+- `sim-tiny`: the whole method on 2 CPU cores in about 20 minutes on a fast day, 28-34 on a slow one
+  (`rl.sim_tiny`; each SFT extension adds 5-8).
 - `savanna-8b-tpu`, `savanna-8b-gpu`: GRPO of Qwen3-VL-8B (after SFT, e.g. Gen-Searcher-SFT-8B or
   `recipes/sft_ranger.py`) on the live web with Gen-Searcher's hyperparameters: G = 6 samples for 8 prompts a step,
   lr 1e-6 constant, weight decay 0.01, gradient clip 1.0, ε 0.2 / 0.28, dual clip 3.0, "seq-mean-token-sum",

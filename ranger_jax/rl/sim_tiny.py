@@ -75,8 +75,8 @@ MIN_TASKS_FOR_WORKERS = 100
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SimTinyConfig:
-    """Everything the sim-tiny run decides (defaults: about 20 minutes on 2 CPU cores when SFT takes its usual
-    steps, up to ~26 when it needs its extensions, by the machine and its day, measured)."""
+    """Everything the sim-tiny run decides (defaults, measured: about 20 minutes on 2 CPU cores on a fast day and
+    28-34 on a slow one when SFT takes its usual steps; each SFT extension adds 5-8)."""
 
     seed: int = 0
     # worlds
