@@ -160,4 +160,7 @@ def _read_json(parser: argparse.ArgumentParser, path: str) -> dict:
 
 
 if __name__ == "__main__":
+    from ranger_jax import host_memory
+
+    host_memory.retain_freed_memory()  # before JAX runs anything: each sampler call reuses the last one's pages
     main()

@@ -62,4 +62,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from ranger_jax import host_memory
+
+    host_memory.retain_freed_memory()  # before JAX runs anything: each step reuses the last one's pages
     sys.exit(main())

@@ -428,4 +428,7 @@ def _finish(args: argparse.Namespace, summary: ActorSummary | decoupled.RoundsSu
 
 
 if __name__ == "__main__":
+    from ranger_jax import host_memory
+
+    host_memory.retain_freed_memory()  # before JAX runs anything: each decode call reuses the last one's pages
     main()
