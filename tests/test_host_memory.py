@@ -2,6 +2,7 @@
 
 import json
 import os
+import resource
 import subprocess
 import sys
 import textwrap
@@ -47,7 +48,7 @@ def _probe(mode: str, env_extra: dict[str, str] | None = None) -> dict:
 
 @glibc_only
 def test_a_freed_block_is_reused_without_page_faults():
-    pages = (BLOCK_MB << 20) // 4096
+    pages = (BLOCK_MB << 20) // resource.getpagesize()
     default = _probe("default")
     retained = _probe("retain")
     assert retained["retained"] is True
@@ -59,7 +60,7 @@ def test_a_freed_block_is_reused_without_page_faults():
 
 @glibc_only
 def test_the_environment_variable_turns_it_off():
-    pages = (BLOCK_MB << 20) // 4096
+    pages = (BLOCK_MB << 20) // resource.getpagesize()
     off = _probe("retain", {host_memory.ENV_VAR: "0"})
     assert off["retained"] is False
     assert min(off["again"]) > pages // 20 or _transparent_huge_pages_always()
