@@ -13,6 +13,7 @@ import pytest
 from ranger_jax import host_memory
 
 BLOCK_MB = 64  # above glibc's largest dynamic mmap threshold (32 MiB): by default always a fresh mapping
+BLOCK_PAGES = (BLOCK_MB << 20) // resource.getpagesize()
 
 PROBE = textwrap.dedent(f"""
     import ctypes, json, resource, sys
@@ -48,22 +49,21 @@ def _probe(mode: str, env_extra: dict[str, str] | None = None) -> dict:
 
 @glibc_only
 def test_a_freed_block_is_reused_without_page_faults():
-    pages = (BLOCK_MB << 20) // resource.getpagesize()
     default = _probe("default")
     retained = _probe("retain")
     assert retained["retained"] is True
-    assert default["first"] > pages // 2 and retained["first"] > pages // 2  # a new block is faulted in either way
-    assert max(retained["again"]) < pages // 20  # reused: its pages are still mapped
+    # a new block is faulted in either way
+    assert default["first"] > BLOCK_PAGES // 2 and retained["first"] > BLOCK_PAGES // 2
+    assert max(retained["again"]) < BLOCK_PAGES // 20  # reused: its pages are still mapped
     # glibc's default maps each new block afresh (huge pages would shrink the count, hence the margin)
-    assert min(default["again"]) > pages // 20 or _transparent_huge_pages_always()
+    assert min(default["again"]) > BLOCK_PAGES // 20 or _transparent_huge_pages_always()
 
 
 @glibc_only
 def test_the_environment_variable_turns_it_off():
-    pages = (BLOCK_MB << 20) // resource.getpagesize()
     off = _probe("retain", {host_memory.ENV_VAR: "0"})
     assert off["retained"] is False
-    assert min(off["again"]) > pages // 20 or _transparent_huge_pages_always()
+    assert min(off["again"]) > BLOCK_PAGES // 20 or _transparent_huge_pages_always()
 
 
 def test_other_c_libraries_are_left_alone(monkeypatch):
