@@ -149,9 +149,9 @@ class SimTinyConfig:
     # steps of 240, a quarter of the gradient's noise scale each) gave +0.008, +0.006, -0.006, -0.009, +0.029 there:
     # at this scale the greedy policy moves with ~10^4 episodes, not ~10^3. Steps of 32 episodes (6 of 4 groups of
     # 8, every token of the sampled turn drawn, every parameter, lr 1e-4: `GRPO_SCHEDULES["small-steps"]`) gave
-    # -0.017 to -0.000 on the runs' own worlds. With today's defaults (SFT target 0.08), eighteen seeds each run once
-    # from an empty folder: +0.036 on the two fresh worlds (pooled SE 0.0035), by more than 2 SE on ten of them,
-    # losing on three (README, "What it reaches")
+    # -0.017 to -0.000 on the runs' own worlds. With today's defaults (SFT target 0.08), nineteen seeds each run once
+    # from an empty folder: +0.034 on the two fresh worlds (pooled SE 0.0034), by more than 2 SE on ten of them,
+    # losing on four (README, "What it reaches")
     grpo_steps: int = 8
     grpo_tasks_per_step: int = 120
     group_size: int = 8
