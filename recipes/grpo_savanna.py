@@ -32,14 +32,15 @@ def main(argv: list[str] | None = None) -> int:
     tiny.add_argument("--grpo-steps", type=int, help="override the GRPO steps")
     tiny.add_argument("--grpo-schedule", default="default",
                       help="named GRPO settings: default (= long: 8 steps of 960 decision-sampled episodes in "
-                           "groups of 8 over 960 tasks, attention trained alone; GRPO - SFT held-out reward on two "
-                           "fresh worlds, from SFT policies of the old 0.05 SFT target, "
-                           "+0.034, +0.014, +0.026, +0.076, +0.085 on seeds 0, 1, 3, 4, 5), short (the "
-                           "default before: 4 steps of 240, ~10 min less; on the fresh worlds +0.008, +0.006, "
+                           "groups of 8 over 960 tasks, half the groups sampling the find_object turn and half the "
+                           "answer, attention trained alone), find-object-turn (the default before, every group "
+                           "sampling the find_object turn; GRPO - SFT held-out reward on two fresh worlds +0.034 "
+                           "over nineteen seeds), short (the default before that: 4 steps of 240, ~10 min less, "
+                           "the find_object turn alone; on the fresh worlds +0.008, +0.006, "
                            "-0.006, -0.009, +0.029), groups-of-4 (short's steps in groups of 4), three-steps (three "
                            "steps of groups of 4), small-steps (6 steps of 32 episodes: -0.017 to -0.000), "
                            "large-batch (12 steps of 240 episodes, every token drawn) or decision-batch (four steps "
-                           "with every parameter trained: -0.210 on seed 2); all but default and short were "
+                           "with every parameter trained: -0.210 on seed 2); all but the first three were "
                            "measured only on the evaluation worlds they were chosen on (docs/sim_tiny.md)")
     tiny.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                       help="any SimTinyConfig field, value as JSON (repeatable), e.g. --set grpo_learning_rate=2e-4")

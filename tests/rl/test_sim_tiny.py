@@ -103,7 +103,7 @@ def test_grpo_ran_decoupled_with_versions_and_staleness(run):
     assert sim_tiny.SimTinyConfig().greedy_member is False
     with pytest.raises(ValueError, match="greedy_member must be a bool"):
         dataclasses.replace(MICRO, greedy_member="yes")
-    assert sim_tiny.SimTinyConfig().branch_turns == (2,) and sim_tiny.SimTinyConfig().sample_turns == 1
+    assert sim_tiny.SimTinyConfig().branch_turns == (2, 3) and sim_tiny.SimTinyConfig().sample_turns == 1
     with pytest.raises(ValueError, match="SimTinyConfig.sample_turns must be None or an int >= 1"):
         dataclasses.replace(MICRO, sample_turns=0)
     with pytest.raises(ValueError, match="branch_turns must be a non-empty tuple of ints >= 0"):
@@ -196,13 +196,29 @@ def test_large_steps_run_through_the_actor_in_batches_of_its_concurrency(tmp_pat
         sim_tiny.configure(grpo_schedule="huge")
 
 
+def test_grpo_groups_branch_at_the_find_object_turn_or_the_answer_and_older_schedules_keep_turn_2():
+    # half the groups branch at the find_object turn, half at the answer (the answer's JSON is trained too); every
+    # schedule measured before keeps the find_object turn alone, so its documented figures still describe it
+    assert sim_tiny.configure().branch_turns == (2, 3) and sim_tiny.configure().sample_turns == 1
+    for name in sim_tiny.GRPO_SCHEDULES:
+        expected = (2, 3) if name in ("default", "long") else (2,)
+        assert sim_tiny.configure(grpo_schedule=name).branch_turns == expected, name
+    before = sim_tiny.configure(grpo_schedule="find-object-turn")
+    assert before == dataclasses.replace(sim_tiny.configure(), branch_turns=(2,))
+    # the actor is told both turns
+    command = sim_tiny.actor_command(sim_tiny.configure(), env_file=Path("env.toml"), grpo_world=Path("w"),
+                                     weights_dir=Path("weights"), shards_dir=Path("shards"),
+                                     metrics_path=Path("actor0.jsonl"))
+    assert command[command.index("--branch-turns") + 1] == "2,3"
+
+
 def test_a_grpo_step_above_the_learner_batch_runs_in_batches_of_whole_groups():
-    # the default's (and "long"'s) 960-episode steps run as 4 learner batches, every other named schedule's step as
-    # one, as measured; a larger step spans batches of whole groups
+    # the default's (and "long"'s and "find-object-turn"'s) 960-episode steps run as 4 learner batches, every other
+    # named schedule's step as one, as measured; a larger step spans batches of whole groups
     for name in sim_tiny.GRPO_SCHEDULES:
         config = sim_tiny.configure(grpo_schedule=name)
         batches = -(-config.grpo_tasks_per_step // sim_tiny.learner_groups(config))
-        assert batches == (4 if name in ("default", "long") else 1), name
+        assert batches == (4 if name in ("default", "long", "find-object-turn") else 1), name
     long = sim_tiny.configure(grpo_schedule="long")  # 8 steps of 960 episodes, each task of its world once
     assert (long.grpo_steps, long.grpo_tasks_per_step, long.group_size, long.grpo_tasks) == (8, 120, 8, 960)
     assert long == sim_tiny.configure()
@@ -316,7 +332,7 @@ def test_config_overrides_are_typed_by_the_field():
                           ("sft_stepz=3", "SimTinyConfig has no field 'sft_stepz'; fields: .*sft_steps"),
                           ("sft_steps=1.5", r"--set sft_steps=1.5: expected int like 300"),
                           ("blind=1", "--set blind=1: expected bool like False"),
-                          ("branch_turns=2", r"--set branch_turns=2: expected tuple like \(2,\)"),
+                          ("branch_turns=2", r"--set branch_turns=2: expected tuple like \(2, 3\)"),
                           ("size={\"width\": 3}", "--set size: .*width"),
                           ("grpo_steps=null", f"expected int like {sim_tiny.SimTinyConfig().grpo_steps}")):
         with pytest.raises(ValueError, match=message):
