@@ -191,7 +191,7 @@ def test_large_steps_run_through_the_actor_in_batches_of_its_concurrency(tmp_pat
     assert (config.draw_below, config.max_draws, config.grpo_frozen) == (1.0, 0, ())  # as measured: every token
     with pytest.raises(ValueError, match="actor_concurrency must be a positive int"):
         dataclasses.replace(config, actor_concurrency=0)
-    known = "default, long, short, groups-of-4, three-steps, small-steps, large-batch, decision-batch"
+    known = "default, long, find-object-turn, short, groups-of-4, three-steps, small-steps, large-batch, decision-batch"
     with pytest.raises(ValueError, match=f"unknown GRPO schedule 'huge'; known: {known}"):
         sim_tiny.configure(grpo_schedule="huge")
 
