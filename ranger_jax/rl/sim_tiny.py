@@ -186,7 +186,7 @@ class SimTinyConfig:
     # turn 2 alone lowers the gradient noise scale from 5.1e3 to 7e2 episodes. But with turn 2 alone the answer turn
     # is never trained, and GRPO's updates of the shared attention can break its JSON (seed 18: unparseable answers
     # on the fresh worlds 81 -> 179 of 600); half the groups branching at the answer hold it. Measured from the SFT
-    # checkpoints of seeds 12, 13, 17 and 18 (docs/sim_tiny.md, "Training the answer turn too"); the schedule
+    # checkpoints of seeds 12, 13, 17 and 18 (docs/sim_tiny.md, "Where the weak seeds lose"); the schedule
     # "find-object-turn" is the setting before
     branch_turns: tuple[int, ...] = (2, 3)
     sample_turns: int | None = 1

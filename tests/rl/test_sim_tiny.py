@@ -199,7 +199,6 @@ def test_large_steps_run_through_the_actor_in_batches_of_its_concurrency(tmp_pat
 def test_grpo_groups_branch_at_the_find_object_turn_or_the_answer_and_older_schedules_keep_turn_2():
     # half the groups branch at the find_object turn, half at the answer (the answer's JSON is trained too); every
     # schedule measured before keeps the find_object turn alone, so its documented figures still describe it
-    assert sim_tiny.configure().branch_turns == (2, 3) and sim_tiny.configure().sample_turns == 1
     for name in sim_tiny.GRPO_SCHEDULES:
         expected = (2, 3) if name in ("default", "long") else (2,)
         assert sim_tiny.configure(grpo_schedule=name).branch_turns == expected, name
