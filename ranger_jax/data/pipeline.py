@@ -147,11 +147,14 @@ class WindowBatchIterDataset(grain.IterDataset):
             `grpo.prefix_tree_advantages`: `token_advantages` in the batch); only with `group_advantages`.
         window_batches: batches per window.
         seed: seeds the batch order inside each window.
+        zero_advantage_apart: pack the units whose advantages are all zero (GRPO groups whose rewards are all
+            equal) into batches of their own, after the others in length order, so that a learner can leave them
+            out of the forward and backward (`Learner.accumulated_step(skip_zero_advantage=True)`).
     """
 
     def __init__(self, parent: grain.IterDataset, *, spec: batching.BatchSpec, config: filters.FilterConfig,
                  stats: filters.FilterStats, group_advantages: bool, advantages: str = "group",
-                 window_batches: int = DEFAULT_WINDOW_BATCHES, seed: int = 0):
+                 window_batches: int = DEFAULT_WINDOW_BATCHES, seed: int = 0, zero_advantage_apart: bool = False):
         super().__init__(parent)
         if window_batches < 1:
             raise ValueError(f"window_batches must be >= 1, got {window_batches}")
@@ -162,6 +165,7 @@ class WindowBatchIterDataset(grain.IterDataset):
         self.advantages = advantages
         self.spec, self.config, self.stats = spec, config, stats
         self.group_advantages, self.window_batches, self.seed = group_advantages, window_batches, seed
+        self.zero_advantage_apart = zero_advantage_apart
 
     def __iter__(self) -> _WindowBatchIterator:
         return _WindowBatchIterator(self._parent.__iter__(), self)
@@ -171,22 +175,36 @@ class WindowBatchIterDataset(grain.IterDataset):
                 f"length_buckets={self.spec.length_buckets})")
 
 
-def _unit_chunks(units: list[list[dict[str, Any]]], batch: int, prefix_rows: int) -> list[list[list[dict[str, Any]]]]:
+def _zero_advantage(rows: Sequence[dict[str, Any]]) -> bool:
+    """Whether every row has advantage 0 (per token too, when it has token advantages)."""
+    return all(float(r.get("advantage", 1.0)) == 0.0 and not np.any(np.asarray(r.get("token_advantage", 0.0)) != 0)
+               for r in rows)
+
+
+def _unit_chunks(units: list[list[dict[str, Any]]], batch: int, prefix_rows: int, *, apart: bool = False
+                 ) -> list[list[list[dict[str, Any]]]]:
     """Units (each one shared prefix) packed in order of their longest row into chunks of at most `batch` rows and
-    `prefix_rows` units: the shared-prefix batches of a window.
+    `prefix_rows` units: the shared-prefix batches of a window. `apart`: the units of zero advantages in chunks of
+    their own, after the others.
 
     Raises:
         ValueError: a unit with more rows than a batch holds.
     """
     chunks: list[list[list[dict[str, Any]]]] = []
     rows = 0
-    for unit in sorted(units, key=lambda u: max(len(r["input_ids"]) for r in u)):  # stable
+    def order(unit: list[dict[str, Any]]) -> tuple[bool, int]:
+        return apart and _zero_advantage(unit), max(len(r["input_ids"]) for r in unit)
+
+    previous = None
+    for unit in sorted(units, key=order):  # stable
         if len(unit) > batch:
             raise ValueError(f"a GRPO group of {len(unit)} rows does not fit a shared-prefix batch of {batch} rows; "
                              "raise BatchSpec.batch_size to at least the group size")
-        if not chunks or rows + len(unit) > batch or len(chunks[-1]) == prefix_rows:
+        kind = order(unit)[0]
+        if not chunks or rows + len(unit) > batch or len(chunks[-1]) == prefix_rows or kind != previous:
             chunks.append([])
             rows = 0
+        previous = kind
         chunks[-1].append(unit)
         rows += len(unit)
     return chunks
@@ -243,7 +261,12 @@ class _WindowBatchIterator(grain.DatasetIterator):
         self._ds.stats.count("kept", n=len(rows))
         batch = self._ds.spec.batch_size
         if self._ds.spec.prefix_rows:
-            chunks = _unit_chunks(units, batch, self._ds.spec.prefix_rows)
+            chunks = _unit_chunks(units, batch, self._ds.spec.prefix_rows, apart=self._ds.zero_advantage_apart)
+        elif self._ds.zero_advantage_apart:
+            chunks = []
+            for part in (False, True):  # rows with a learning signal, then those of zero advantage, each by length
+                some = sorted((r for r in rows if _zero_advantage([r]) == part), key=lambda r: len(r["input_ids"]))
+                chunks += [some[k:k + batch] for k in range(0, len(some), batch)]
         else:
             order = sorted(range(len(rows)), key=lambda i: len(rows[i]["input_ids"]))  # stable: ties keep read order
             chunks = [[rows[i] for i in order[k:k + batch]] for k in range(0, len(order), batch)]
@@ -316,7 +339,8 @@ def trajectory_dataset(source: shards.TrajectorySource, *, spec: batching.BatchS
                        window_batches: int = DEFAULT_WINDOW_BATCHES, shard_index: int | None = None,
                        shard_count: int | None = None, read_options: grain.ReadOptions | None = None,
                        augment: Callable[[list[dict[str, Any]], np.random.Generator], list[dict[str, Any]]]
-                       | None = None, advantages: str = "group") -> WindowBatchIterDataset:
+                       | None = None, advantages: str = "group", zero_advantage_apart: bool = False
+                       ) -> WindowBatchIterDataset:
     """Batches of recorded trajectories: exact tokens, masks, sampler log-probs and pixels.
 
     Args:
@@ -336,6 +360,7 @@ def trajectory_dataset(source: shards.TrajectorySource, *, spec: batching.BatchS
             and the element's position so a restored iterator repeats it. For GRPO groups it must transform a
             group's rows alike (`per_unit=True`), so they keep one context.
         advantages: "group" or "prefix-tree" (GRPO groups only; `WindowBatchIterDataset`).
+        zero_advantage_apart: batches of zero-advantage groups kept apart (`WindowBatchIterDataset`).
     """
     if augment is not None and grpo_groups and not getattr(augment, "per_unit", False):
         raise ValueError("augmenting GRPO groups needs one draw per group (e.g. TokenPermutation(per_unit=True)): "
@@ -351,7 +376,8 @@ def trajectory_dataset(source: shards.TrajectorySource, *, spec: batching.BatchS
         loaded = loaded.random_map(augment, seed=seed)
     stream = loaded.to_iter_dataset(_read_options(read_options, spec))
     return WindowBatchIterDataset(stream, spec=spec, config=config, stats=stats, group_advantages=grpo_groups,
-                                  advantages=advantages, window_batches=window_batches, seed=seed)
+                                  advantages=advantages, window_batches=window_batches, seed=seed,
+                                  zero_advantage_apart=zero_advantage_apart)
 
 
 def sft_dataset(sft: sft_file.SftFile, *, renderer: chat.ChatRenderer, spec: batching.BatchSpec,

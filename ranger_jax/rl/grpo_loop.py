@@ -67,6 +67,10 @@ class GrpoLoopConfig:
     # True: all of a round's batches make one update (gradients accumulated, `Learner.accumulated_step`), so the
     # batch spec bounds the learner's memory, not the update; False: one update per batch of the round
     one_update_per_round: bool = False
+    # with one update per round: groups whose rewards are all equal (advantages all zero; often most of a round)
+    # go into batches of their own whose forward and backward the learner leaves out; the update is the same
+    # (`Learner.accumulated_step(skip_zero_advantage=True)`; a learner with a KL term runs them all)
+    skip_zero_advantage: bool = True
 
     def __post_init__(self):
         if self.advantages not in pipeline.ADVANTAGE_ESTIMATORS:
@@ -260,6 +264,7 @@ def run(learner: learner_lib.Learner, *, shards_dir: str | os.PathLike, weights_
     current = {"version": version}
     rules = dataclasses.replace(filter_config, max_staleness=config.max_staleness,
                                 current_version=lambda: current["version"])
+    skip = config.one_update_per_round and config.skip_zero_advantage
     bar = tqdm.tqdm(total=config.num_steps, desc="grpo", unit="step", disable=not progress)
     try:
         for _ in range(config.num_steps):
@@ -286,11 +291,12 @@ def run(learner: learner_lib.Learner, *, shards_dir: str | os.PathLike, weights_
             dataset = pipeline.trajectory_dataset(source, spec=spec, vision=vision, config=rules, stats=stats,
                                                   grpo_groups=True, num_epochs=1, augment=augment,
                                                   advantages=config.advantages,
-                                                  seed=learner.step_count + skipped_rounds)
+                                                  seed=learner.step_count + skipped_rounds,
+                                                  zero_advantage_apart=skip)
             step_metrics: dict[str, float] = {}
             batches = _same_count(list(dataset), paths)
             if config.one_update_per_round and batches:
-                step_metrics = learner.accumulated_step(batches)
+                step_metrics = learner.accumulated_step(batches, skip_zero_advantage=skip)
             else:
                 for batch in batches:
                     step_metrics = learner.step(batch)

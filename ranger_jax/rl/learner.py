@@ -89,6 +89,20 @@ def _batch_shards(mesh: jax.sharding.Mesh | None) -> tuple[int, str]:
     return math.prod(sizes), " × ".join(str(s) for s in sizes)
 
 
+# keys of a step's metrics that are not the objective's token means
+_UPDATE_METRICS = frozenset({"loss", "grad_norm", "learning_rate", "tokens", "skipped_batches", "skipped_tokens"})
+
+
+def zero_advantage_batch(batch: Mapping[str, Any]) -> bool:
+    """Whether every advantage of a GRPO batch is zero (`advantages`, and `token_advantages` when it has them): its
+    policy loss and gradient are zero whatever the log-probabilities, unless a KL term is added."""
+    if "advantages" not in batch:
+        return False
+    if np.any(np.asarray(batch["advantages"]) != 0):
+        return False
+    return "token_advantages" not in batch or not np.any(np.asarray(batch["token_advantages"]) != 0)
+
+
 def check_batch(batch: Mapping[str, Any], config: LearnerConfig, model_config: model_config_lib.Qwen3VLConfig,
                 mesh: jax.sharding.Mesh | None = None) -> None:
     """Checks a learner batch on the host, before anything is placed or compiled.
@@ -290,22 +304,32 @@ class Learner:
             self.state, metrics = train_step_lib.jit_train_step(self.state, arrays)
         return {k: float(v) for k, v in jax.device_get(metrics).items()}
 
-    def accumulated_step(self, batches: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    def accumulated_step(self, batches: Sequence[Mapping[str, Any]], *, skip_zero_advantage: bool = False
+                         ) -> dict[str, float]:
         """One optimizer update from several batches, as `step` would make it from their rows in one batch (the
         normalisers are the whole update's; only float rounding differs): a batch then bounds what the learner
         holds at once, not how much data an update takes. The batches are placed one at a time; batches of one
         shape share one compiled program. One batch is `step(batch)`.
 
+        `skip_zero_advantage` (GRPO with `kl_coef` 0): a batch whose advantages are all zero adds nothing to the
+        loss or the gradient, only its rows and tokens to the normalisers, so its forward and backward are not
+        run (`zero_advantage_batch`; GRPO groups whose rewards are all equal, often most of a round, packed into
+        batches of their own by the data pipeline). The update is the same; the objective's token means (clip
+        fractions, KL, ratios) are then over the batches run, and `skipped_batches` / `skipped_tokens` count the
+        rest. If every batch has zero advantages, the first is run (the optimizer still steps).
+
         Returns:
-            The update's metrics, as `step` returns them.
+            The update's metrics, as `step` returns them (with `skipped_batches` and `skipped_tokens` when
+            `skip_zero_advantage`).
 
         Raises:
             ValueError: no batches, or what `check_batch` finds in one (named by its index).
         """
         if not batches:
             raise ValueError("Learner.accumulated_step needs at least one batch; got none")
-        if len(batches) == 1:
-            return self.step(batches[0])
+        if len(batches) == 1:  # nothing to skip: a lone batch is always run
+            metrics = self.step(batches[0])
+            return {**metrics, "skipped_batches": 0.0, "skipped_tokens": 0.0} if skip_zero_advantage else metrics
         checked = []
         for index, batch in enumerate(batches):
             try:
@@ -313,17 +337,42 @@ class Learner:
             except ValueError as err:
                 raise ValueError(f"batch {index} of {len(batches)}: {err}") from None
             checked.append(batch)
+        skip = self._skippable(checked) if skip_zero_advantage else [False] * len(checked)
         with self._mesh_context():
-            totals = None
+            totals, parts = None, []
             for batch in checked:  # the update's normalisers first: each share is its part of the whole
                 part = train_step_lib.jit_batch_totals(self._place_batch(batch))
+                parts.append(part)
                 totals = part if totals is None else jax.tree.map(jnp.add, totals, part)
             shares = None
-            for batch in checked:
+            for batch, skipped in zip(checked, skip):
+                if skipped:
+                    continue
                 share = train_step_lib.jit_batch_share(self.state, self._train_arrays(batch), totals)
                 shares = share if shares is None else train_step_lib.jit_add_shares(shares, share)
             self.state, metrics = train_step_lib.jit_apply_shares(self.state, shares, totals)
-        return {k: float(v) for k, v in jax.device_get(metrics).items()}
+        out = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        if skip_zero_advantage:
+            skipped_tokens = sum(float(p["tokens"]) for p, s in zip(parts, skip) if s)
+            run_share = 1.0 - skipped_tokens / max(out["tokens"], 1.0)
+            if 0.0 < run_share < 1.0:  # token means over the batches run, not diluted by the skipped tokens
+                for key in out:
+                    if key not in _UPDATE_METRICS and key not in objectives.METRIC_REDUCTIONS:
+                        out[key] /= run_share
+            out["skipped_batches"], out["skipped_tokens"] = float(sum(skip)), skipped_tokens
+        return out
+
+    def _skippable(self, batches: Sequence[Mapping[str, Any]]) -> list[bool]:
+        """Per batch, whether `accumulated_step` may leave out its forward and backward: a GRPO objective without a
+        KL term and every process's share of the batch of zero advantages; never all of them."""
+        if self.config.objective != "grpo" or self.config.kl_coef != 0.0:
+            return [False] * len(batches)
+        skip = [zero_advantage_batch(batch) for batch in batches]
+        if jax.process_count() > 1:  # every process must run the same programs: skip only what all can skip
+            skip = [all(column) for column in zip(*host_data.gather_json(skip))]
+        if all(skip):
+            skip[0] = False
+        return skip
 
     def gradient(self, batch: Mapping[str, Any]) -> np.ndarray:
         """The gradient `step(batch)` would apply (before clipping), as one float32 vector over the trained

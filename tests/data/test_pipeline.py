@@ -435,3 +435,33 @@ def test_a_group_written_twice_is_refused_naming_both_records(recordings, spec, 
         return sum(int(np.sum(batch["row_valid"])) for batch in batches(dataset))
 
     assert rows_one_by_one(twice) == rows_one_by_one(once) + 1
+
+
+@pytest.mark.parametrize("prefix_rows", [0, 3], ids=["plain-rows", "shared-prefix"])
+def test_zero_advantage_groups_go_into_batches_of_their_own(renderer, spec, tmp_path, prefix_rows):
+    """Groups whose rewards are all equal (every advantage 0) are packed apart, so a learner can leave their batches
+    out; every row is still there once, and without the option nothing changes."""
+    equal = {1, 3, 4}  # of 6 groups
+    recordings = [recorded.record(renderer, seed=g, sample_seed=i, group_id=f"g{g}", sample_index=i, turns=1,
+                                  reward=0.5 if g in equal else i * i / 4) for g in range(6) for i in range(G)]
+    shards.write_shard(tmp_path / "a-00000.array_record", [t for t, _ in recordings])
+    batch_spec = dataclasses.replace(spec, batch_size=6, prefix_rows=prefix_rows,
+                                     suffix_buckets=(16, 32) if prefix_rows else spec.suffix_buckets)
+
+    def plan(apart):
+        dataset = pipeline.trajectory_dataset(shards.TrajectorySource(tmp_path), spec=batch_spec,
+                                              vision=recorded.VISION, num_epochs=1, shard_index=0, shard_count=1,
+                                              zero_advantage_apart=apart)
+        return batches(dataset)
+
+    kinds, rows = [], 0
+    for batch in plan(True):
+        valid = batch["row_valid"] > 0
+        zero = batch["advantages"][valid] == 0
+        assert zero.all() or not zero.any()  # never mixed
+        kinds.append(bool(zero.all()))
+        rows += int(valid.sum())
+    assert rows == 18 and kinds.count(True) == 2 and kinds.count(False) == 2  # 9 rows each, 6 a batch
+    before = plan(False)  # the default keeps the length order alone: some batch mixes the two kinds
+    assert len(before) == 3 and any(0 < np.sum(b["advantages"][b["row_valid"] > 0] == 0) < b["row_valid"].sum()
+                                    for b in before)

@@ -235,3 +235,39 @@ def test_accumulated_step_errors_name_the_batch(tiny_checkpoint, units):
     with pytest.raises(ValueError, match=r"batch 1 of 2: the batch lacks \['advantages'\]"):
         learner.accumulated_step([good, bad])
     assert learner.step_count == 0
+
+
+def zeroed(unit):
+    """The unit's rows with advantage 0 (a group whose rewards were all equal)."""
+    return [{**r, "advantage": np.float32(0.0)} for r in unit]
+
+
+@pytest.mark.parametrize("learner_config", [GRPO, dataclasses.replace(KL_TIS, kl_coef=0.0)],
+                         ids=["sampler", "learner-tis"])
+def test_zero_advantage_batches_are_skipped_with_the_same_update(tiny_checkpoint, units, learner_config):
+    signal = shared_prefix.collate_shared([units[0], units[2]], SHARED)
+    parts = [signal, shared_prefix.collate_shared([zeroed(units[1])], SHARED)]
+    a, b = Learner(load(tiny_checkpoint), learner_config), Learner(load(tiny_checkpoint), learner_config)
+    run_all, skipped = a.accumulated_step(parts), b.accumulated_step(parts, skip_zero_advantage=True)
+    assert skipped["skipped_batches"] == 1 and skipped["skipped_tokens"] == parts[1]["loss_mask"].sum()
+    for key in ("loss", "grad_norm", "tokens"):  # the zero batch adds only its counts to the normalisers
+        assert skipped[key] == run_all[key], key
+    plain = batching.collate([r for u in units for r in u], PLAIN)
+    np.testing.assert_array_equal(b.logprobs(plain), a.logprobs(plain))  # the same parameters, to the bit
+    # the objective's token means are over the batches run: those of the signal batch as an update of its own
+    alone = Learner(load(tiny_checkpoint), learner_config).step(signal)
+    for key in ("approx_kl", "ratio_mean", "clip_frac_low", "sampler_logp_gap", "ratio_max"):
+        assert skipped[key] == pytest.approx(alone[key], rel=1e-5, abs=1e-7), key
+    gap = max(("approx_kl", "sampler_logp_gap"), key=lambda k: abs(alone[k]))  # the one this config makes nonzero
+    assert run_all[gap] != pytest.approx(alone[gap], rel=1e-3)  # run, the zero batch's tokens dilute it
+
+
+def test_zero_advantage_batches_run_when_a_kl_term_or_nothing_else_is_there(tiny_checkpoint, units):
+    zero = [shared_prefix.collate_shared([zeroed(u)], SHARED) for u in units]
+    with_kl = Learner(load(tiny_checkpoint), KL_TIS)
+    assert with_kl.accumulated_step(zero, skip_zero_advantage=True)["skipped_batches"] == 0  # the KL term trains
+    learner = Learner(load(tiny_checkpoint), GRPO)
+    metrics = learner.accumulated_step(zero, skip_zero_advantage=True)  # one is run: the optimizer still steps
+    assert metrics["skipped_batches"] == 2 and metrics["grad_norm"] == 0.0 and learner.step_count == 1
+    one = learner.accumulated_step(zero[:1], skip_zero_advantage=True)
+    assert one["skipped_batches"] == 0 and learner.step_count == 2

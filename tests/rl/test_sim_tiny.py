@@ -64,6 +64,10 @@ def test_summary_has_every_score(run):
     assert on_disk["sft"]["steps"] == 4 and on_disk["sft"]["recent_loss"] > MICRO.sft_target_loss
     rows = [json.loads(line) for line in (out / "metrics" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "sft/loss" in r] == [1, 2, 3, 4]
+    # each update's two batches (one group each): one whose group's rewards were all equal is left out, never both
+    for row in (r for r in rows if "grpo/loss" in r):
+        assert row["grpo/skipped_batches"] in (0, 1)
+        assert row["grpo/skipped_batches"] == 0 or row["grpo/zero_variance_share"] > 0
     for folder in (out / "worlds").iterdir():  # the first world generation, as the three-call teacher needs
         assert json.loads((folder / "world.json").read_text()).get("world_version", 1) == 1
 
