@@ -192,15 +192,13 @@ def _unit_chunks(units: list[list[dict[str, Any]]], batch: int, prefix_rows: int
     """
     chunks: list[list[list[dict[str, Any]]]] = []
     rows = 0
-    def order(unit: list[dict[str, Any]]) -> tuple[bool, int]:
-        return apart and _zero_advantage(unit), max(len(r["input_ids"]) for r in unit)
-
+    keys = [(apart and _zero_advantage(u), max(len(r["input_ids"]) for r in u)) for u in units]
     previous = None
-    for unit in sorted(units, key=order):  # stable
+    for i in sorted(range(len(units)), key=keys.__getitem__):  # stable
+        unit, kind = units[i], keys[i][0]
         if len(unit) > batch:
             raise ValueError(f"a GRPO group of {len(unit)} rows does not fit a shared-prefix batch of {batch} rows; "
                              "raise BatchSpec.batch_size to at least the group size")
-        kind = order(unit)[0]
         if not chunks or rows + len(unit) > batch or len(chunks[-1]) == prefix_rows or kind != previous:
             chunks.append([])
             rows = 0
@@ -262,14 +260,13 @@ class _WindowBatchIterator(grain.DatasetIterator):
         batch = self._ds.spec.batch_size
         if self._ds.spec.prefix_rows:
             chunks = _unit_chunks(units, batch, self._ds.spec.prefix_rows, apart=self._ds.zero_advantage_apart)
-        elif self._ds.zero_advantage_apart:
-            chunks = []
-            for part in (False, True):  # rows with a learning signal, then those of zero advantage, each by length
-                some = sorted((r for r in rows if _zero_advantage([r]) == part), key=lambda r: len(r["input_ids"]))
-                chunks += [some[k:k + batch] for k in range(0, len(some), batch)]
         else:
-            order = sorted(range(len(rows)), key=lambda i: len(rows[i]["input_ids"]))  # stable: ties keep read order
-            chunks = [[rows[i] for i in order[k:k + batch]] for k in range(0, len(order), batch)]
+            zero = [self._ds.zero_advantage_apart and _zero_advantage([r]) for r in rows]
+            chunks = []
+            for part in sorted(set(zero)):  # rows with a learning signal, then (apart) those of zero advantage
+                order = sorted((i for i in range(len(rows)) if zero[i] == part),
+                               key=lambda i: len(rows[i]["input_ids"]))  # stable: ties keep read order
+                chunks += [[rows[i] for i in order[k:k + batch]] for k in range(0, len(order), batch)]
         permutation = np.random.default_rng([self._ds.seed, self._window]).permutation(len(chunks))
         self._plan = [chunks[i] for i in permutation]
         self._emitted = 0

@@ -90,7 +90,7 @@ def _batch_shards(mesh: jax.sharding.Mesh | None) -> tuple[int, str]:
 
 
 # keys of a step's metrics that are not the objective's token means
-_UPDATE_METRICS = frozenset({"loss", "grad_norm", "learning_rate", "tokens", "skipped_batches", "skipped_tokens"})
+_UPDATE_METRICS = frozenset({"loss", "grad_norm", "learning_rate", "tokens"})
 
 
 def zero_advantage_batch(batch: Mapping[str, Any]) -> bool:
