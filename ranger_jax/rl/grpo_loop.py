@@ -71,6 +71,9 @@ class GrpoLoopConfig:
     # go into batches of their own whose forward and backward the learner leaves out; the update is the same
     # (`Learner.accumulated_step(skip_zero_advantage=True)`; a learner with a KL term runs them all)
     skip_zero_advantage: bool = True
+    # the actors split each round between them (`actor --part I/N`): a step takes round r of every actor of
+    # `actor_metrics` together, once all of them have finished it (`RoundReader(split_rounds=True)`)
+    split_rounds: bool = False
 
     def __post_init__(self):
         if self.advantages not in pipeline.ADVANTAGE_ESTIMATORS:
@@ -104,14 +107,26 @@ class RoundReader:
     "shards"); a round counts as complete once its line is there, whatever the number of shards it wrote. Without
     metrics files, a round is complete once the same actor has a shard of a later round.
 
+    Actors that split each round between them (`actor --part I/N`) write parts of one round: with `split_rounds`, a
+    round number is complete once every actor of `metrics_files` has finished it, and it is read as one round, the
+    shards of all of them together.
+
     Args:
         folder: the shard folder the actors write to.
         metrics_files: actor shard prefix -> that actor's metrics JSONL.
+        split_rounds: the actors of `metrics_files` play the parts of each round.
+
+    Raises:
+        ValueError: `split_rounds` without metrics files (which actors make a round must be known).
     """
 
-    def __init__(self, folder: str | os.PathLike, metrics_files: dict[str, str | os.PathLike] | None = None):
+    def __init__(self, folder: str | os.PathLike, metrics_files: dict[str, str | os.PathLike] | None = None, *,
+                 split_rounds: bool = False):
         self.folder = Path(folder)
         self.metrics_files = {k: Path(v) for k, v in (metrics_files or {}).items()}
+        if split_rounds and not self.metrics_files:
+            raise ValueError("RoundReader(split_rounds=True) needs the metrics file of every actor that plays a part")
+        self.split_rounds = split_rounds
         self.done: set[tuple[str, int]] = set()
 
     def _rounds(self) -> dict[tuple[str, int], list[Path]]:
@@ -143,6 +158,8 @@ class RoundReader:
     def next_round(self) -> list[Path] | None:
         """The shards of the oldest complete unread round, or None."""
         rounds = self._rounds()
+        if self.split_rounds:
+            return self._next_split_round(rounds)
         latest: dict[str, int] = {}
         for prefix, number in rounds:
             latest[prefix] = max(latest.get(prefix, -1), number)
@@ -158,6 +175,15 @@ class RoundReader:
         key = min(ready, key=lambda k: (k[1], k[0]))
         self.done.add(key)
         return sorted(rounds[key])
+
+    def _next_split_round(self, rounds: dict[tuple[str, int], list[Path]]) -> list[Path] | None:
+        finished = [self._finished(prefix) for prefix in self.metrics_files]
+        complete = set.intersection(*finished) - {number for _, number in self.done}
+        if not complete:
+            return None
+        number = min(complete)
+        self.done.add(("", number))
+        return sorted(path for prefix in self.metrics_files for path in rounds.get((prefix, number), []))
 
 
 def start_actors(commands: Sequence[Sequence[str]], log_dir: str | os.PathLike,
@@ -257,7 +283,7 @@ def run(learner: learner_lib.Learner, *, shards_dir: str | os.PathLike, weights_
     log_dir = weights_dir.parent / "actor_logs"
     lead = jax.process_index() == 0  # with several learner processes, process 0 runs the actors and picks rounds
     procs = start_actors(actor_commands, log_dir, actor_env) if lead else []
-    reader = RoundReader(shards_dir, actor_metrics)
+    reader = RoundReader(shards_dir, actor_metrics, split_rounds=config.split_rounds)
     stats = filters.FilterStats()
     staleness: collections.Counter[int] = collections.Counter()
     started, idle, episodes, skipped_rounds = time.monotonic(), 0.0, 0, 0

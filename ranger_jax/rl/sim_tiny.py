@@ -160,6 +160,11 @@ class SimTinyConfig:
     # grpo_tasks_per_step x group_size episodes run in batches of at most this many. Measured on 2 CPU cores
     # (docs/sim_tiny.md): 2.3 episodes/s with 32 rows, 0.88 with 240 (decode time grows with the rows)
     actor_concurrency: int = 32
+    # GRPO actor processes, splitting each round's groups between them (`actor --part I/N`: the same episodes as one
+    # actor) and `actor_concurrency` rows evenly. One actor process keeps ~1.5 of 2 CPU cores busy (its episodes'
+    # Python and its sampler calls take turns on one thread); two of 16 rows each played a sampled evaluation of
+    # 256 episodes in 43 s against 61 s for one of 32 (docs/sim_tiny.md)
+    actor_processes: int = 2
     # GRPO episodes per learner batch (whole groups, at least one): a larger step runs in several batches that make
     # its one update (gradients accumulated, `Learner.accumulated_step`), so the learner's memory follows this and
     # not the step's size. One batch of 960 episodes (120 groups of 8) took the learner to ~18 GB on 2 CPU cores.
@@ -233,8 +238,8 @@ class SimTinyConfig:
 
     def __post_init__(self):
         for name in ("sft_worlds", "tasks_per_world", "grpo_tasks", "eval_tasks", "sft_steps", "sft_batch",
-                     "grpo_tasks_per_step", "group_size", "actor_concurrency", "grpo_learner_rows",
-                     "max_new_tokens"):
+                     "grpo_tasks_per_step", "group_size", "actor_concurrency", "actor_processes",
+                     "grpo_learner_rows", "max_new_tokens"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"SimTinyConfig.{name} must be a positive int; got {value!r}")
@@ -583,18 +588,25 @@ def grpo_rows(config: SimTinyConfig) -> int:
 
 
 def actor_rows(config: SimTinyConfig) -> int:
-    """Episodes the GRPO actor runs at once (its sampler's rows): a round, or `actor_concurrency` if fewer."""
+    """Episodes the GRPO actors run at once (their samplers' rows together): a round, or `actor_concurrency` if
+    fewer."""
     return min(grpo_rows(config), config.actor_concurrency)
 
 
+def rows_per_actor(config: SimTinyConfig) -> int:
+    """Episodes one of the `actor_processes` runs at once (its sampler's rows; at least one)."""
+    return max(1, actor_rows(config) // config.actor_processes)
+
+
 def actor_command(config: SimTinyConfig, *, env_file: Path, grpo_world: Path, weights_dir: Path, shards_dir: Path,
-                  metrics_path: Path) -> list[str]:
-    """The decoupled actor process of the GRPO stage."""
+                  metrics_path: Path, part: int = 0) -> list[str]:
+    """Actor process `part` of the GRPO stage's `actor_processes` (shard prefix `actor<part>`)."""
     vision = tiny_policy.VISION
     command = [sys.executable, "-m", "ranger_jax.rollout.actor", "--env", str(env_file), "--world", str(grpo_world),
-               "--policy", "jax", "--weights-dir", str(weights_dir), "--out", str(shards_dir), "--prefix", "actor0",
+               "--policy", "jax", "--weights-dir", str(weights_dir), "--out", str(shards_dir),
+               "--prefix", f"actor{part}", "--part", f"{part}/{config.actor_processes}",
                "--group-size", str(config.group_size), "--tasks-per-round", str(config.grpo_tasks_per_step),
-               "--concurrency", str(actor_rows(config)), "--records-per-shard", str(grpo_rows(config)),
+               "--concurrency", str(rows_per_actor(config)), "--records-per-shard", str(grpo_rows(config)),
                # the learner takes one round a step: the actor stops after the last one instead of sampling a round
                # no step reads while the learner's last step runs
                "--max-rounds", str(config.grpo_steps),
@@ -819,24 +831,27 @@ def grpo_batch_spec(config: SimTinyConfig, tokenizer: Any) -> batching.BatchSpec
 def run_grpo(config: SimTinyConfig, model: Any, tokenizer_dir: Path, env_file: Path, grpo_world: Path, out: Path,
              metrics: metrics_lib.MetricsWriter, actor_env: dict[str, str] | None = None,
              augment: augment.TokenPermutation | None = None) -> tuple[learner_lib.Learner, grpo_loop.GrpoResult]:
-    """GRPO from the SFT policy with one decoupled actor process (`actor_env`: its extra environment variables;
-    `augment`: the permutation of each group's words the learner sees, `grpo_augmentation`)."""
+    """GRPO from the SFT policy with `actor_processes` decoupled actor processes splitting each round (`actor_env`:
+    their extra environment variables; `augment`: the permutation of each group's words the learner sees,
+    `grpo_augmentation`)."""
     tokenizer = tokenizer_lib.load_tokenizer(tokenizer_dir)
     learner = grpo_learner(config, model)
     weights_dir, shards_dir = out / "weights", out / "grpo_shards"
-    actor_metrics = out / "metrics" / "actor0.jsonl"
-    actor_metrics.parent.mkdir(parents=True, exist_ok=True)
-    command = actor_command(config, env_file=env_file, grpo_world=grpo_world, weights_dir=weights_dir,
-                            shards_dir=shards_dir, metrics_path=actor_metrics)
+    (out / "metrics").mkdir(parents=True, exist_ok=True)
+    actor_metrics = {f"actor{part}": out / "metrics" / f"actor{part}.jsonl" for part in range(config.actor_processes)}
+    commands = [actor_command(config, env_file=env_file, grpo_world=grpo_world, weights_dir=weights_dir,
+                              shards_dir=shards_dir, metrics_path=actor_metrics[f"actor{part}"], part=part)
+                for part in range(config.actor_processes)]
     # every published version is a complete policy folder: tokenizer and the settings it acts with
     policy_files = write_policy_files(config, tokenizer_dir, env_file, out / "checkpoints" / "policy_files")
     result = grpo_loop.run(
         learner, shards_dir=shards_dir, weights_dir=weights_dir,
         spec=grpo_batch_spec(config, tokenizer),
         config=grpo_loop.GrpoLoopConfig(num_steps=config.grpo_steps, max_staleness=config.max_staleness,
-                                        advantages=config.advantages, one_update_per_round=True),
-        vision=tiny_policy.VISION, tokenizer_dir=policy_files, actor_commands=[command],
-        filter_config=filters.FilterConfig(trim_untrained_tail=True), actor_metrics={"actor0": actor_metrics},
+                                        advantages=config.advantages, one_update_per_round=True,
+                                        split_rounds=True),
+        vision=tiny_policy.VISION, tokenizer_dir=policy_files, actor_commands=commands,
+        filter_config=filters.FilterConfig(trim_untrained_tail=True), actor_metrics=actor_metrics,
         actor_env=actor_env, metrics=metrics, progress=config.progress, augment=augment)
     return learner, result
 

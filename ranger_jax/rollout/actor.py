@@ -283,6 +283,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--share-continuations", action="store_true",
                    help="a group sample whose sampled turns equal an earlier sample's takes over that sample's greedy "
                         "continuation instead of replaying it (exact for the offline world; needs --sample-turns)")
+    p.add_argument("--part", default="0/1",
+                   help="I/N: play only the groups whose index is I modulo N, with the seeds and group ids they have "
+                        "in the whole run, so N actors with parts 0/N ... N-1/N split each round between them "
+                        "(default 0/1: every group)")
     p.add_argument("--concurrency", type=int, default=8, help="episodes in flight")
     p.add_argument("--chunk-tokens", type=int, default=sampler_policy.DEFAULT_CHUNK_TOKENS,
                    help="jax policy: tokens a row decodes per sampler call before waiting turns join the batch "
@@ -353,6 +357,10 @@ def main(argv: Sequence[str] | None = None) -> ActorSummary | decoupled.RoundsSu
         branch_turns = runner.parse_branch_turns(args.branch_turns)
     except ValueError as err:
         parser.error(str(err))
+    try:
+        part = runner.parse_part(args.part)
+    except ValueError as err:
+        parser.error(f"--part: {err}")
     if args.sample_turns is not None and args.sample_turns < 1:
         parser.error(f"--sample-turns must be >= 1; got {args.sample_turns}")
     if args.chunk_tokens < 0:
@@ -371,7 +379,7 @@ def main(argv: Sequence[str] | None = None) -> ActorSummary | decoupled.RoundsSu
     config = runner.RolloutConfig(
         group_size=args.group_size, concurrency=args.concurrency, seed=args.seed, run_id=args.run_id,
         branch_turns=branch_turns, sample_turns=args.sample_turns, greedy_member=args.greedy_member,
-        share_continuations=args.share_continuations,
+        share_continuations=args.share_continuations, part=part,
         episode=episode_lib.EpisodeConfig(
             max_new_tokens=args.max_new_tokens, max_context_tokens=args.max_context_tokens, vision=vision,
             sampling=sampling,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -63,6 +63,10 @@ class RolloutConfig:
     # again (`episode.run_shared_trunk`; each sample is still scored). Exact for an environment that answers a
     # history the same way every time (the offline world); a live web may not, hence off by default
     share_continuations: bool = False
+    # (i, n): this runner plays only the groups whose index is i modulo n, each with the index (seeds, branching
+    # turn, group id) it has among all the tasks, so n runners with parts (0, n) ... (n-1, n) play between them
+    # exactly the groups of one run: a round split among actor processes (`actor --part I/N`)
+    part: tuple[int, int] = (0, 1)
 
     def __post_init__(self):
         for name in ("group_size", "concurrency"):
@@ -83,6 +87,7 @@ class RolloutConfig:
         if self.share_continuations and self.sample_turns is None:
             raise ValueError("RolloutConfig.share_continuations needs sample_turns (only turns after the sampled ones "
                              "are greedy, so only they can be shared); got sample_turns=None")
+        object.__setattr__(self, "part", checked_part(self.part, "RolloutConfig"))
         if self.greedy_member and self.group_size < 2:
             raise ValueError(f"RolloutConfig.greedy_member needs group_size >= 2 (a greedy member and samples); "
                              f"got {self.group_size}")
@@ -132,6 +137,44 @@ def parse_branch_turns(text: str) -> tuple[int, ...]:
         raise ValueError(f"--branch-turns must be comma-separated ints; got {text!r}") from None
 
 
+def checked_part(value: Any, owner: str) -> tuple[int, int]:
+    """`value` as a part (i, n) of a run's groups: ints with 0 <= i < n.
+
+    Raises:
+        ValueError: anything else, naming `owner`'s field.
+    """
+    try:
+        index, count = value
+    except (TypeError, ValueError):
+        raise ValueError(f"{owner}.part must be a pair (i, n) with 0 <= i < n; got {value!r}") from None
+    if (any(isinstance(v, bool) or not isinstance(v, int) for v in (index, count)) or count < 1
+            or not 0 <= index < count):
+        raise ValueError(f"{owner}.part must be a pair (i, n) with 0 <= i < n; got {value!r}")
+    return index, count
+
+
+def parse_part(text: str) -> tuple[int, int]:
+    """A part of a run's groups from a command line's `I/N` (e.g. "0/2": the first of two actors).
+
+    Raises:
+        ValueError: text that is not two ints with 0 <= I < N, naming the whole value.
+    """
+    index, slash, count = text.partition("/")
+    try:
+        if not slash:
+            raise ValueError
+        return checked_part((int(index), int(count)), "part")
+    except ValueError:
+        raise ValueError(f"a part must be I/N with ints 0 <= I < N (e.g. 0/2); got {text!r}") from None
+
+
+def indexed_tasks(config: RolloutConfig, tasks: Iterable[core.Task]) -> Iterator[tuple[int, core.Task]]:
+    """(group index, task) of the groups this runner plays: every task, or with `config.part` (i, n) those whose
+    index is i modulo n."""
+    index, count = config.part
+    return ((k, task) for k, task in enumerate(tasks) if k % count == index)
+
+
 def check_sample_turns(value: Any, owner: str) -> None:
     """Raises ValueError naming `owner`'s field unless `value` is None or an int >= 1."""
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
@@ -168,7 +211,8 @@ async def agroups(env: tool_env.ToolEnv, policy: policy_lib.Policy, tasks: Itera
                                                 cache=cache):
             yield group
         return
-    specs = ((index, task, spec) for index, task in enumerate(tasks) for spec in _episode_specs(config, index, task))
+    specs = ((index, task, spec) for index, task in indexed_tasks(config, tasks)
+             for spec in _episode_specs(config, index, task))
     running: dict[asyncio.Task, tuple[int, core.Task]] = {}
     done_by_group: dict[int, list[trajectory.Trajectory]] = {}
 
@@ -272,7 +316,7 @@ async def _shared_trunk_groups(env: tool_env.ToolEnv, policy: policy_lib.Policy,
     so more groups run at once in the same rows."""
     size = config.group_size
     rows = _Rows(config.concurrency, size, max_shared_groups(config.concurrency, size))
-    pending = enumerate(tasks)
+    pending = indexed_tasks(config, tasks)
     next_item = next(pending, None)
     running: dict[asyncio.Task, tuple[int, core.Task]] = {}
 

@@ -41,6 +41,27 @@ def test_rounds_complete_by_a_later_round_without_metrics(tmp_path):
     assert reader.next_round() is None
 
 
+def test_split_rounds_are_read_whole_once_every_actor_finished_its_part(tmp_path):
+    """Actors playing parts of each round (`actor --part I/N`): round r is one step, all actors' shards of it,
+    ready only when every actor has finished it (a part with no groups wrote no shard but still counts)."""
+    metrics = {f"actor{i}": tmp_path / f"actor{i}.jsonl" for i in range(3)}
+    reader = grpo_loop.RoundReader(tmp_path, metrics, split_rounds=True)
+    for i in range(3):
+        _touch(tmp_path, f"actor{i}-r00000-00000.array_record")
+    _touch(tmp_path, "actor0-r00001-00000.array_record")
+    metrics["actor0"].write_text(json.dumps({"round": 0}) + "\n" + json.dumps({"round": 1}) + "\n")
+    metrics["actor1"].write_text(json.dumps({"round": 0}) + "\n")
+    assert reader.next_round() is None  # actor2 has not finished round 0
+    metrics["actor2"].write_text(json.dumps({"round": 0}) + "\n" + json.dumps({"round": 1}) + "\n{partial")
+    assert [p.name for p in reader.next_round()] == [f"actor{i}-r00000-00000.array_record" for i in range(3)]
+    assert reader.next_round() is None  # round 1: actor1 is still on it
+    metrics["actor1"].write_text(json.dumps({"round": 0}) + "\n" + json.dumps({"round": 1}) + "\n")
+    assert [p.name for p in reader.next_round()] == ["actor0-r00001-00000.array_record"]  # the others had no groups
+    assert reader.next_round() is None
+    with pytest.raises(ValueError, match="split_rounds=True. needs the metrics file of every actor"):
+        grpo_loop.RoundReader(tmp_path, split_rounds=True)
+
+
 def test_actors_are_started_and_stopped_with_logs(tmp_path):
     script = "import pathlib, time\nwhile not pathlib.Path(%r).exists(): time.sleep(0.05)\nprint('bye')"
     stop = tmp_path / "w" / "STOP"

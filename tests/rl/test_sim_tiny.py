@@ -122,9 +122,13 @@ def test_grpo_ran_decoupled_with_versions_and_staleness(run):
     # every published version is a complete policy folder: evaluations run it with the settings it was trained in
     assert (out / "weights" / "v000002" / "ranger_env.json").read_bytes() == \
         (out / "policy" / "ranger_env.json").read_bytes()
-    # the actor ran the two rounds the two steps took and stopped (`--max-rounds`), none sampled for nothing
-    assert sorted({p.name.split("-")[1] for p in shards.list_shards(out / "grpo_shards")}) == ["r00000", "r00001"]
-    assert len((out / "metrics" / "actor0.jsonl").read_text().splitlines()) == 2
+    # the two actors ran the two rounds the two steps took, a group each, and stopped (`--max-rounds`), none sampled
+    # for nothing
+    assert sorted(p.name.rsplit("-", 1)[0] for p in shards.list_shards(out / "grpo_shards")) == [
+        "actor0-r00000", "actor0-r00001", "actor1-r00000", "actor1-r00001"]
+    for part in (0, 1):
+        rounds = [json.loads(line) for line in (out / "metrics" / f"actor{part}.jsonl").read_text().splitlines()]
+        assert [(r["round"], r["groups"]) for r in rounds] == [(0, 1), (1, 1)]
     assert (out / "weights" / "STOP").exists()
     # GRPO left the frozen parameters (`grpo_frozen`) as SFT made them
     sft_model = qwen3_vl.load(out / "sft_policy")
@@ -145,11 +149,11 @@ def _params(model):
             for p, v in jax.tree_util.tree_leaves_with_path(state)}
 
 
-def _actor_flags(config, tmp_path):
-    """The GRPO actor command of `config` as {flag: value}."""
+def _actor_flags(config, tmp_path, part=0):
+    """GRPO actor `part`'s command of `config` as {flag: value}."""
     command = sim_tiny.actor_command(config, env_file=tmp_path / "env.toml", grpo_world=tmp_path / "w",
                                      weights_dir=tmp_path / "weights", shards_dir=tmp_path / "shards",
-                                     metrics_path=tmp_path / "m.jsonl")
+                                     metrics_path=tmp_path / "m.jsonl", part=part)
     return {command[i]: command[i + 1] for i in range(len(command) - 1) if command[i].startswith("--")}
 
 
@@ -185,10 +189,19 @@ def test_large_steps_run_through_the_actor_in_batches_of_its_concurrency(tmp_pat
     assert (config.grpo_tasks, config.grpo_tasks_per_step, config.group_size, config.grpo_steps) == (720, 60, 4, 12)
     assert config.grpo_learning_rate == 2e-4 and config.seed == 4 and config.actor_concurrency == 32
     flags = _actor_flags(config, tmp_path)
-    # a step's 240 episodes run 32 at a time, written as one shard, trained as one batch
+    # a step's 240 episodes run 32 at a time, 16 in each of two actor processes that split the round's groups,
+    # each part one shard, trained as one batch
     assert (flags["--tasks-per-round"], flags["--group-size"]) == ("60", "4")
-    assert (flags["--concurrency"], flags["--records-per-shard"]) == ("32", "240")
+    assert (flags["--concurrency"], flags["--records-per-shard"]) == ("16", "240")
+    assert (flags["--prefix"], flags["--part"]) == ("actor0", "0/2")
+    second = _actor_flags(config, tmp_path, part=1)
+    assert (second["--prefix"], second["--part"], second["--concurrency"]) == ("actor1", "1/2", "16")
     assert sim_tiny.grpo_rows(config) == 240 and sim_tiny.actor_rows(config) == 32
+    alone = dataclasses.replace(config, actor_processes=1)
+    assert sim_tiny.rows_per_actor(alone) == 32 and _actor_flags(alone, tmp_path)["--part"] == "0/1"
+    assert sim_tiny.rows_per_actor(dataclasses.replace(config, actor_concurrency=3, actor_processes=4)) == 1
+    with pytest.raises(ValueError, match="actor_processes must be a positive int"):
+        dataclasses.replace(config, actor_processes=0)
     assert sim_tiny.actor_rows(dataclasses.replace(config, actor_concurrency=500)) == 240
     small = sim_tiny.configure(grpo_schedule="small-steps")
     assert sim_tiny.actor_rows(small) == sim_tiny.grpo_rows(small) == 32
@@ -237,7 +250,8 @@ def test_default_grpo_draws_uncertain_tokens_in_large_steps_and_trains_attention
     default = sim_tiny.configure()
     flags = _actor_flags(default, tmp_path)
     assert (flags["--draw-below"], flags["--max-draws"], flags["--records-per-shard"]) == ("0.9", "2", "960")
-    assert (flags["--concurrency"], flags["--max-rounds"]) == ("32", "8")
+    # two actor processes of 16 rows each split every round (`--part`)
+    assert (flags["--concurrency"], flags["--part"], flags["--max-rounds"]) == ("16", "0/2", "8")
     assert (default.grpo_steps, default.grpo_tasks, default.grpo_learning_rate) == (8, 960, 3e-4)
     assert default.grpo_frozen == ("embed_tokens", "mlp", "visual")  # the learner trains attention alone
     assert (flags["--tasks-per-round"], flags["--group-size"]) == ("120", "8")  # a step's 960 episodes: 120 groups

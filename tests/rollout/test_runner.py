@@ -198,6 +198,41 @@ def test_shared_trunks_play_greedy_turns_once_within_the_rows(sim_env, tasks, th
     assert runner.max_shared_groups(3, 3) == 1 and runner.max_shared_groups(64, 2) == 42
 
 
+@pytest.mark.parametrize("share", [False, True])
+def test_parts_of_a_run_play_exactly_its_groups(sim_env, tasks, the_world, qwen_renderer, share):
+    """Runners with parts (i, n) (actor processes splitting a round) play between them the groups of one run: the
+    same group ids, seeds, branching turns, tokens and rewards, each group once."""
+    expert = policy.ScriptedPolicy(savanna.make_policy("expert", the_world), qwen_renderer.tokenizer)
+    run_tasks = (list(tasks) * 3)[:10]
+
+    def play(part):
+        config = runner.RolloutConfig(group_size=3, concurrency=6, seed=7, run_id="split", episode=CONFIG,
+                                      branch_turns=(0, 1, 2), share_trunk=share, part=part)
+        return runner.run(sim_env, TwoMindedExpert(expert), run_tasks, renderer=qwen_renderer, config=config)
+
+    whole = sorted(play((0, 1)), key=lambda g: g.group_id)
+    parts = [play((i, 3)) for i in range(3)]
+    assert [len(p) for p in parts] == [4, 3, 3]
+    assert [int(g.group_id.split("/")[1]) % 3 for g in parts[1]] == [1] * 3
+    split = sorted((g for p in parts for g in p), key=lambda g: g.group_id)
+    assert [g.group_id for g in split] == [g.group_id for g in whole] and len(whole) == 10
+    assert len({g.trajectories[0].metadata["sample_from_turn"] for g in whole}) == 3
+    assert len({x.token_ids.tobytes() for g in whole for x in g.trajectories}) > 10  # seeds decide the samples
+    for a, b in zip(whole, split):
+        for x, y in zip(a.trajectories, b.trajectories, strict=True):
+            assert x.token_ids.tolist() == y.token_ids.tolist() and x.loss_mask.tolist() == y.loss_mask.tolist()
+            assert (x.reward, x.metadata["seed"], x.metadata["rid"], x.metadata["sample_from_turn"]) == (
+                y.reward, y.metadata["seed"], y.metadata["rid"], y.metadata["sample_from_turn"])
+    assert [k for k, _ in runner.indexed_tasks(runner.RolloutConfig(part=(2, 4)), "abcdefghij")] == [2, 6]
+    assert runner.parse_part("1/2") == (1, 2) and runner.RolloutConfig(part=[0, 1]).part == (0, 1)
+    for bad in ((2, 2), (-1, 2), (0, 0), (True, 2), (0,), "0/2", (0.0, 1)):
+        with pytest.raises(ValueError, match=r"RolloutConfig.part must be a pair \(i, n\) with 0 <= i < n"):
+            runner.RolloutConfig(part=bad)
+    for bad in ("2", "2/2", "a/b", "1/2/3", "-1/2"):
+        with pytest.raises(ValueError, match=f"a part must be I/N with ints 0 <= I < N .e.g. 0/2.; got '{bad}'"):
+            runner.parse_part(bad)
+
+
 def test_seeds_and_config_errors():
     seeds = {runner.episode_seed(0, g, k) for g in range(20) for k in range(6)}
     assert len(seeds) == 120 and runner.episode_seed(3, 1, 2) == runner.episode_seed(3, 1, 2)
