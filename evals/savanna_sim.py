@@ -61,6 +61,9 @@ def main() -> None:
                              "builder's); a checkpoint's own generation cannot be overridden")
     parser.add_argument("--limit", type=int, default=None, help="run only the first N tasks")
     parser.add_argument("--concurrency", type=int, default=None, help="checkpoints: episodes in flight")
+    parser.add_argument("--processes", type=int, default=None,
+                        help="checkpoints: worker processes splitting the tasks (the same episodes; 2 keep 2 CPU "
+                             "cores busy where one keeps ~1.5), --concurrency rows among them (default 1)")
     parser.add_argument("--max-new-tokens", type=int, default=None, help="checkpoints: tokens per turn")
     parser.add_argument("--max-context-tokens", type=int, default=None, help="checkpoints: tokens per episode")
     sampled = parser.add_argument_group("sampled evaluation (checkpoints; default greedy)")
@@ -82,12 +85,13 @@ def main() -> None:
     parser.add_argument("--baseline", default=None,
                         help="an earlier --json of the same world: print the paired per-task reward difference")
     args = parser.parse_args()
-    options = {key: value for key, value in (("concurrency", args.concurrency),
+    options = {key: value for key, value in (("concurrency", args.concurrency), ("processes", args.processes),
                                              ("max_new_tokens", args.max_new_tokens),
                                              ("max_context_tokens", args.max_context_tokens)) if value is not None}
     given = [f"--{flag.replace('_', '-')}" for flag in SAMPLING_FLAGS if getattr(args, flag) is not None]
-    if given and args.policy in savanna.POLICIES:
-        parser.error(f"{', '.join(given)} only apply to checkpoints; {args.policy!r} is a scripted agent")
+    checkpoint_only = given + (["--processes"] if args.processes is not None else [])
+    if checkpoint_only and args.policy in savanna.POLICIES:
+        parser.error(f"{', '.join(checkpoint_only)} only apply to checkpoints; {args.policy!r} is a scripted agent")
     if given:
         options.update(_sampled_options(parser, args))
     baseline = _read_json(parser, args.baseline) if args.baseline else None

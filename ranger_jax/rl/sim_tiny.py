@@ -870,10 +870,12 @@ def evaluate_scripted(config: SimTinyConfig, eval_world: Path) -> dict[str, dict
 
 def evaluate_policy(config: SimTinyConfig, checkpoint: Path, eval_world: Path,
                     trajectories_out: Path | None = None) -> dict[str, Any]:
-    """A policy folder on the held-out world, greedy, observations blank when the run is blind; as many episodes
-    at once as the actor runs (the same sampler shapes: with the compilation cache, compiled once for both)."""
+    """A policy folder on the held-out world, greedy, observations blank when the run is blind; in as many processes
+    with as many rows each as the GRPO actors (the same sampler shapes: with the compilation cache, compiled once
+    for both)."""
     return evaluate.evaluate_checkpoint(eval_world, checkpoint, blank_observations=config.blind,
-                                        concurrency=actor_rows(config), trajectories_out=trajectories_out,
+                                        concurrency=rows_per_actor(config) * config.actor_processes,
+                                        processes=config.actor_processes, trajectories_out=trajectories_out,
                                         progress=config.progress)
 
 

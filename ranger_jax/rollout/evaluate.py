@@ -20,6 +20,7 @@ through `env.sim.savanna.evaluate`. Every kind reports the same summary (`savann
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -155,7 +156,7 @@ def compare(baseline: Mapping[str, Any], result: Mapping[str, Any]) -> dict[str,
 
 
 def evaluate_checkpoint(world_dir: str | os.PathLike, checkpoint: str | os.PathLike, *, env_name: str | None = None,
-                        limit: int | None = None, concurrency: int = DEFAULT_CONCURRENCY,
+                        limit: int | None = None, concurrency: int = DEFAULT_CONCURRENCY, processes: int = 1,
                         max_new_tokens: int | None = None, max_context_tokens: int | None = None,
                         blank_observations: bool = False, trajectories_out: str | os.PathLike | None = None,
                         sampling: policy_lib.SamplingParams = GREEDY, samples_per_task: int = 1,
@@ -172,7 +173,12 @@ def evaluate_checkpoint(world_dir: str | os.PathLike, checkpoint: str | os.PathL
             `ranger_env.json`.
         env_name: an environment file or backend name replacing the checkpoint's env and reward settings.
         limit: run only the first `limit` tasks.
-        concurrency: episodes in flight (rows of the sampler's KV cache).
+        concurrency: episodes in flight (rows of the sampler's KV cache), over all `processes`.
+        processes: worker processes splitting the tasks between them (`runner.RolloutConfig.part`: each plays the
+            tasks whose index is its own modulo `processes`, seeded as in one process), each with `concurrency //
+            processes` rows (at least one). Like `chunk_tokens`, it changes the time, not the episodes: a process
+            keeps ~1.5 of 2 CPU cores busy, two keep both. The workers compile into this process's persistent
+            compilation cache, if it has one. 1: the episodes run in this process.
         max_new_tokens / max_context_tokens: token budgets per turn / per episode (default: the checkpoint's
             recorded ones, else the rollout defaults).
         blank_observations: the policy sees every observation blank (evaluating a blind control policy as it
@@ -196,19 +202,18 @@ def evaluate_checkpoint(world_dir: str | os.PathLike, checkpoint: str | os.PathL
             (`runner.RolloutConfig.share_continuations`; needs `sample_turns`): the same episodes on the offline world.
         buckets: the sampler's shape buckets (`sampling.Buckets`; None: its defaults), e.g. `min_active_rows` equal
             to `concurrency` to run every call on the whole batch. Like `chunk_tokens`, they change the time.
-        progress: show a tqdm bar with the running search score.
+        progress: show a tqdm bar with the running search score (over the parts finished with `processes` > 1).
         **env_options: passed to `env.make`, over everything else.
 
     Raises:
         FileNotFoundError: the folder has no `config.json` or no `tokenizer.json`.
         ValueError: a bad `ranger_env.json` or option, or a `limit` below 1, or sampling settings that do not fit
-            together (`check_sampled`).
+            together (`check_sampled`), or `processes` below 1.
     """
-    from ranger_jax import sampling as sampling_lib  # jax and the model load only when a checkpoint is evaluated
-    from ranger_jax.models import qwen3_vl
-
     savanna.check_limit(limit)
     check_sampled(sampling, samples_per_task, branch_turns, sample_turns)
+    if isinstance(processes, bool) or not isinstance(processes, int) or processes < 1:
+        raise ValueError(f"processes must be an int >= 1; got {processes!r}")
     if not is_checkpoint(checkpoint):
         raise FileNotFoundError(f"{checkpoint} is not a checkpoint folder (no config.json)")
     trained = trained_env.read(checkpoint) or trained_env.TrainedEnv()
@@ -217,6 +222,65 @@ def evaluate_checkpoint(world_dir: str | os.PathLike, checkpoint: str | os.PathL
     if mismatch is not None:
         logger.warning("%s: %s", world_dir, mismatch)
     tasks = world_lib.load_tasks(world_dir)[:limit]
+    play = _PlaySettings(
+        env_name=env_name, limit=limit, rows=max(1, concurrency // processes), max_new_tokens=max_new_tokens,
+        max_context_tokens=max_context_tokens, blank_observations=blank_observations, sampling=sampling,
+        samples_per_task=samples_per_task, branch_turns=tuple(branch_turns), sample_turns=sample_turns, seed=seed,
+        chunk_tokens=chunk_tokens, share_trunk=share_trunk, prefill_trunk=prefill_trunk,
+        share_continuations=share_continuations, buckets=buckets, env_options=dict(env_options))
+    if processes == 1:
+        rows, settings = _play(str(world_dir), str(checkpoint), play, (0, 1),
+                               None if trajectories_out is None else str(trajectories_out), progress)
+    else:
+        rows, settings = _play_in_processes(str(world_dir), str(checkpoint), play, processes, trajectories_out,
+                                            progress)
+    # a task's samples in a fixed order (not the order they finished in, which depends on `concurrency`)
+    episodes = [e for task in tasks for e in sorted(rows[task.id], key=lambda e: json.dumps(e.row()))]
+    result = savanna.report(str(checkpoint), world_dir, the_world, episodes)
+    result["num_tasks"] = len(tasks)
+    result["num_tasks_by_domain"] = {d: n // samples_per_task for d, n in result["num_tasks_by_domain"].items()}
+    result["reward_per_task"] = [round(r, 4) for r in task_rewards(result).values()]
+    result["world_version"] = the_world.version
+    result["world_mismatch"] = trained.world_mismatch(the_world.version)
+    return {**result, "settings": settings,
+            "sampling": {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
+                         "draw_below": sampling.draw_below, "max_draws": sampling.max_draws,
+                         "samples_per_task": samples_per_task, "branch_turns": list(play.branch_turns),
+                         "sample_turns": sample_turns, "seed": seed, "concurrency": concurrency}}
+
+
+@dataclasses.dataclass(frozen=True)
+class _PlaySettings:
+    """What one process of `evaluate_checkpoint` needs besides the world, the checkpoint and its part."""
+
+    env_name: str | None
+    limit: int | None
+    rows: int
+    max_new_tokens: int | None
+    max_context_tokens: int | None
+    blank_observations: bool
+    sampling: policy_lib.SamplingParams
+    samples_per_task: int
+    branch_turns: tuple[int, ...]
+    sample_turns: int | None
+    seed: int
+    chunk_tokens: int | None
+    share_trunk: bool
+    prefill_trunk: bool
+    share_continuations: bool
+    buckets: Any
+    env_options: dict[str, Any]
+
+
+def _play(world_dir: str, checkpoint: str, play: _PlaySettings, part: tuple[int, int],
+          trajectories_out: str | None, progress: bool) -> tuple[dict[str, list[savanna.Episode]], dict[str, Any]]:
+    """Plays `part` of the world's tasks with the checkpoint in this process; returns the report rows by task and
+    the settings the episodes ran with."""
+    from ranger_jax import sampling as sampling_lib  # jax and the model load only when a checkpoint is evaluated
+    from ranger_jax.models import qwen3_vl
+
+    trained = trained_env.read(checkpoint) or trained_env.TrainedEnv()
+    tasks = world_lib.load_tasks(world_dir)[:play.limit]
     tokenizer = tokenizer_lib.load_tokenizer(checkpoint)
     model = qwen3_vl.load(checkpoint, sharding_rules="sample")
     vision_config = model.config.vision_config
@@ -224,21 +288,23 @@ def evaluate_checkpoint(world_dir: str | os.PathLike, checkpoint: str | os.PathL
                             temporal_patch_size=vision_config.temporal_patch_size)
     budgets = {"max_new_tokens": episode_lib.GEN_SEARCHER_MAX_NEW_TOKENS,
                "max_context_tokens": episode_lib.GEN_SEARCHER_MAX_CONTEXT, **trained.episode}
-    budgets.update({k: v for k, v in (("max_new_tokens", max_new_tokens),
-                                      ("max_context_tokens", max_context_tokens)) if v is not None})
-    config = runner.RolloutConfig(group_size=samples_per_task, concurrency=concurrency, seed=seed, run_id="eval",
-                                  branch_turns=tuple(branch_turns), sample_turns=sample_turns, share_trunk=share_trunk,
-                                  prefill_trunk=prefill_trunk, share_continuations=share_continuations,
-                                  episode=episode_lib.EpisodeConfig(sampling=sampling, vision=vision,
-                                                                    blank_observations=blank_observations,
+    budgets.update({k: v for k, v in (("max_new_tokens", play.max_new_tokens),
+                                      ("max_context_tokens", play.max_context_tokens)) if v is not None})
+    config = runner.RolloutConfig(group_size=play.samples_per_task, concurrency=play.rows, seed=play.seed,
+                                  run_id="eval", branch_turns=play.branch_turns, sample_turns=play.sample_turns,
+                                  share_trunk=play.share_trunk, prefill_trunk=play.prefill_trunk,
+                                  share_continuations=play.share_continuations, part=part,
+                                  episode=episode_lib.EpisodeConfig(sampling=play.sampling, vision=vision,
+                                                                    blank_observations=play.blank_observations,
                                                                     **budgets))
-    sampler = sampling_lib.Sampler(model, suppress_token_ids=sorted(tokenizer.vision_ids), buckets=buckets)
-    policy = sampler_policy.SamplerPolicy(sampler, num_rows=concurrency, name=f"jax:{Path(checkpoint).name}",
-                                          chunk_tokens=chunk_tokens)
+    sampler = sampling_lib.Sampler(model, suppress_token_ids=sorted(tokenizer.vision_ids), buckets=play.buckets)
+    policy = sampler_policy.SamplerPolicy(sampler, num_rows=play.rows, name=f"jax:{Path(checkpoint).name}",
+                                          chunk_tokens=play.chunk_tokens)
     renderer = chat_lib.ChatRenderer(tokenizer, merge_size=vision.merge_size)
-    options = env_options if env_name is not None else {**trained.env, **trained.rewards, **env_options}
+    options = (play.env_options if play.env_name is not None
+               else {**trained.env, **trained.rewards, **play.env_options})
     scorer = _RowScorer()
-    with env_lib.make(env_name or "offline", world=str(world_dir), **options) as tool_env:
+    with env_lib.make(play.env_name or "offline", world=world_dir, **options) as tool_env:
         writer = shards.ShardWriter(trajectories_out, overwrite=True) if trajectories_out is not None else None
         try:
             asyncio.run(_arun(tool_env, policy, tasks, renderer=renderer, config=config, scorer=scorer,
@@ -254,19 +320,53 @@ def evaluate_checkpoint(world_dir: str | os.PathLike, checkpoint: str | os.PathL
                             "max_answer_refs": tool_env.config.max_answer_refs},
                     "rewards": dict(tool_env.rewards),
                     "image": {"min_pixels": vision.min_pixels, "max_pixels": vision.max_pixels}, "episode": budgets}
-    # a task's samples in a fixed order (not the order they finished in, which depends on `concurrency`)
-    episodes = [e for task in tasks for e in sorted(scorer.rows[task.id], key=lambda e: json.dumps(e.row()))]
-    result = savanna.report(str(checkpoint), world_dir, the_world, episodes)
-    result["num_tasks"] = len(tasks)
-    result["num_tasks_by_domain"] = {d: n // samples_per_task for d, n in result["num_tasks_by_domain"].items()}
-    result["reward_per_task"] = [round(r, 4) for r in task_rewards(result).values()]
-    result["world_version"] = the_world.version
-    result["world_mismatch"] = trained.world_mismatch(the_world.version)
-    return {**result, "settings": settings,
-            "sampling": {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
-                         "draw_below": sampling.draw_below, "max_draws": sampling.max_draws,
-                         "samples_per_task": samples_per_task, "branch_turns": list(config.branch_turns),
-                         "sample_turns": sample_turns, "seed": seed, "concurrency": concurrency}}
+    return scorer.rows, settings
+
+
+def _play_part(world_dir: str, checkpoint: str, play: _PlaySettings, part: tuple[int, int],
+               trajectories_out: str | None, cache: tuple[str | None, float]
+               ) -> tuple[dict[str, list[savanna.Episode]], dict[str, Any]]:
+    """`_play` in a worker process, compiling into the parent's persistent compilation cache (`cache`: its folder,
+    None for none, and its minimum compile time)."""
+    import jax
+
+    if cache[0] is not None:
+        jax.config.update("jax_compilation_cache_dir", cache[0])
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", cache[1])
+    return _play(world_dir, checkpoint, play, part, trajectories_out, False)
+
+
+def _play_in_processes(world_dir: str, checkpoint: str, play: _PlaySettings, processes: int,
+                       trajectories_out: str | os.PathLike | None, progress: bool
+                       ) -> tuple[dict[str, list[savanna.Episode]], dict[str, Any]]:
+    """`_play` of each part in its own spawned process; the report rows of all, their trajectories in one shard."""
+    import jax
+
+    from ranger_jax import process_pool
+
+    cache = (jax.config.jax_compilation_cache_dir, float(jax.config.jax_persistent_cache_min_compile_time_secs))
+    final = Path(trajectories_out) if trajectories_out is not None else None
+    parts = [None if final is None else str(final.with_name(f"{final.stem}.part{i}of{processes}{final.suffix}"))
+             for i in range(processes)]
+    try:
+        results = process_pool.run_jobs(
+            _play_part, [(world_dir, checkpoint, play, (i, processes), parts[i], cache) for i in range(processes)],
+            workers=processes, labels=[f"part {i}/{processes}" for i in range(processes)],
+            desc=f"savanna-sim jax:{Path(checkpoint).name} ({processes} processes)", progress=progress)
+        if final is not None:
+            with shards.ShardWriter(final, overwrite=True) as writer:
+                for part in parts:
+                    for trajectory in shards.read_shard(part):
+                        writer.write(trajectory)
+    finally:
+        for part in parts:
+            if part is not None:
+                Path(part).unlink(missing_ok=True)
+    rows: dict[str, list[savanna.Episode]] = {}
+    for part_rows, _ in results:
+        for task_id, episodes in part_rows.items():
+            rows.setdefault(task_id, []).extend(episodes)
+    return rows, results[0][1]
 
 
 def evaluate(world_dir: str | os.PathLike, policy: str | os.PathLike | savanna.Agent, *,

@@ -235,9 +235,13 @@ def test_sampled_eval_and_comparison_from_the_command_line(checkpoint, world_dir
                                           branch_turns=(1,), sample_turns=1, seed=3)
     assert got["episodes"] == json.loads(json.dumps(direct["episodes"])) and got["sampling"] == direct["sampling"]
     greedy = json.loads((tmp_path / "greedy.json").read_text())
+    _cli(monkeypatch, *common, "--processes", "2", "--json", str(tmp_path / "split.json"))
+    assert json.loads((tmp_path / "split.json").read_text()) == greedy  # two processes: the same evaluation
     assert got["comparison"] == json.loads(json.dumps(evaluate.compare(greedy, direct)))
     for args, match in [
         (["--policy", "expert", "--temperature", "1"], r"--temperature only apply to checkpoints; 'expert' is a"),
+        (["--policy", "naive", "--processes", "2"], r"--processes only apply to checkpoints; 'naive' is a"),
+        ([*common[2:], "--processes", "0"], "processes must be an int >= 1; got 0"),
         ([*common[2:], "--temperature", "1", "--branch-turns", "two"], "--branch-turns must be comma-separated"),
         ([*common[2:], "--temperature", "-1"], "--temperature/.*: temperature must be a number >= 0; got -1"),
         ([*common[2:], "--temperature", "1", "--draw-below", "1.5"], r"draw_below must be in \(0, 1\].*got 1.5"),
@@ -314,3 +318,25 @@ def test_build_seed_from_the_command_line(checkpoint, tmp_path, monkeypatch, cap
         with pytest.raises(SystemExit):
             _cli(monkeypatch, *common, *args, "--json", str(tmp_path / "b.json"))
         assert re.search(match, capsys.readouterr().err), (args, match)
+
+
+def test_processes_split_the_tasks_and_play_the_same_episodes(checkpoint, world_dir, tmp_path):
+    """An evaluation over two worker processes (each the tasks of its part, half the rows) gives the summary, rows and
+    trajectories of one process, greedy and sampled; the parts' shards are merged into one and removed."""
+    for options in ({}, dict(sampling=policy.SamplingParams(temperature=1.0), samples_per_task=2, branch_turns=(1,),
+                             sample_turns=1, seed=3)):
+        one = evaluate.evaluate_checkpoint(world_dir, checkpoint, limit=3, concurrency=4,
+                                           trajectories_out=tmp_path / "one.array_record", **options)
+        two = evaluate.evaluate_checkpoint(world_dir, checkpoint, limit=3, concurrency=4, processes=2,
+                                           trajectories_out=tmp_path / "two.array_record", **options)
+        assert two == one and len(one["episodes"]) == 3 * (2 if options else 1)
+        by_rid = {t.metadata["rid"]: t for t in shards.read_shard(tmp_path / "one.array_record")}
+        split = list(shards.read_shard(tmp_path / "two.array_record"))
+        assert sorted(t.metadata["rid"] for t in split) == sorted(by_rid)
+        for t in split:
+            assert t.token_ids.tolist() == by_rid[t.metadata["rid"]].token_ids.tolist()
+            assert t.reward == by_rid[t.metadata["rid"]].reward
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["one.array_record", "two.array_record"]
+    for bad in (0, True, 1.5):
+        with pytest.raises(ValueError, match=f"processes must be an int >= 1; got {bad!r}"):
+            evaluate.evaluate_checkpoint(world_dir, checkpoint, limit=1, processes=bad)
