@@ -68,12 +68,13 @@ jax.monitoring.register_event_duration_secs_listener(_listen)
 
 
 def timed_runs(world: Path, checkpoint: Path, cache: Path, *, buckets: Buckets, limit: int | None,
-               concurrency: int, sampled: bool, runs: int = 3) -> dict:
+               concurrency: int, sampled: bool, runs: int = 3, processes: int = 1) -> dict:
     """`runs` evaluations with `buckets` compiling into `cache` (a persistent compilation cache of their own): the
     first timed as cold, the best other as warm (which shapes a run meets depends on the timing of its episodes,
-    so a warm run may still compile a few). Each run's seconds, compile seconds and programs compiled by XLA.
+    so a warm run may still compile a few). Each run's seconds, compile seconds and programs compiled by XLA (None
+    with `processes` > 1: the worker processes compile, out of this process's sight).
     `sampled` scores as sim-tiny's GRPO actor samples (4 episodes a task, turn 2 decision-sampled)."""
-    options = dict(concurrency=concurrency, limit=limit, buckets=buckets)
+    options = dict(concurrency=concurrency, limit=limit, buckets=buckets, processes=processes)
     if sampled:
         options.update(actor_sampling(4, 2))
     timings = []
@@ -83,8 +84,10 @@ def timed_runs(world: Path, checkpoint: Path, cache: Path, *, buckets: Buckets, 
             _programs.clear()
             started = time.perf_counter()
             result = evaluate.evaluate_checkpoint(world, checkpoint, **options)
+            seen = processes == 1
             timings.append({"seconds": round(time.perf_counter() - started, 2),
-                            "compile_s": round(sum(_durations.values()), 2), "programs": _programs["compiled"]})
+                            "compile_s": round(sum(_durations.values()), 2) if seen else None,
+                            "programs": _programs["compiled"] if seen else None})
     warm = min(timings[1:], key=lambda r: r["seconds"]) if runs > 1 else None
     return {"cold": timings[0], "warm": warm, "runs": timings, "reward_mean": result["reward_mean"],
             "reward_per_task": result["reward_per_task"]}
@@ -118,11 +121,15 @@ def report(args: argparse.Namespace, world: Path, reference: tuple[str, str, dic
            "speedup_warm": round(ref["warm"]["seconds"] / new["warm"]["seconds"], 3),
            "speedup_cold": round(ref["cold"]["seconds"] / new["cold"]["seconds"], 3), "same_rewards": same}
     print(f"{out['num_tasks']} tasks, {args.concurrency} rows{' sampled x4' if args.sampled else ''}")
+    def compiled(run: dict) -> str:
+        if run["compile_s"] is None:
+            return "compiled in the workers"
+        return f"compile {run['compile_s']:5.1f} s, {run['programs']} programs"
+
     for label, r in ((ref_label, ref), (new_label, new)):
         cold, warm = r["cold"], r["warm"]
-        print(f"  {label:24s} cold {cold['seconds']:7.1f} s (compile {cold['compile_s']:5.1f} s, "
-              f"{cold['programs']} programs)   warm {warm['seconds']:7.1f} s (compile {warm['compile_s']:5.1f} s, "
-              f"{warm['programs']} programs)   reward {r['reward_mean']:.4f}")
+        print(f"  {label:24s} cold {cold['seconds']:7.1f} s ({compiled(cold)})   warm {warm['seconds']:7.1f} s "
+              f"({compiled(warm)})   reward {r['reward_mean']:.4f}")
     print(f"  speed-up: x{out['speedup_warm']:.2f} warm, x{out['speedup_cold']:.2f} cold; "
           f"per-task rewards {'identical' if same else 'DIFFER'}")
     if args.json:
