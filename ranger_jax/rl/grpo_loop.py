@@ -177,13 +177,15 @@ class RoundReader:
         return sorted(rounds[key])
 
     def _next_split_round(self, rounds: dict[tuple[str, int], list[Path]]) -> list[Path] | None:
+        """The oldest round every actor has finished, not read yet, with at least one shard (a round every actor
+        stopped before writing a group is passed over)."""
         finished = [self._finished(prefix) for prefix in self.metrics_files]
-        complete = set.intersection(*finished) - {number for _, number in self.done}
-        if not complete:
-            return None
-        number = min(complete)
-        self.done.add(("", number))
-        return sorted(path for prefix in self.metrics_files for path in rounds.get((prefix, number), []))
+        for number in sorted(set.intersection(*finished) - {read for _, read in self.done}):
+            self.done.add(("", number))
+            paths = sorted(path for prefix in self.metrics_files for path in rounds.get((prefix, number), []))
+            if paths:
+                return paths
+        return None
 
 
 def start_actors(commands: Sequence[Sequence[str]], log_dir: str | os.PathLike,

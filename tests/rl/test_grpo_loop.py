@@ -58,6 +58,11 @@ def test_split_rounds_are_read_whole_once_every_actor_finished_its_part(tmp_path
     metrics["actor1"].write_text(json.dumps({"round": 0}) + "\n" + json.dumps({"round": 1}) + "\n")
     assert [p.name for p in reader.next_round()] == ["actor0-r00001-00000.array_record"]  # the others had no groups
     assert reader.next_round() is None
+    for i in range(3):  # round 2 stopped before any group: passed over; round 3 is read
+        metrics[f"actor{i}"].write_text("".join(json.dumps({"round": r}) + "\n" for r in range(4)))
+    _touch(tmp_path, "actor1-r00003-00000.array_record")
+    assert [p.name for p in reader.next_round()] == ["actor1-r00003-00000.array_record"]
+    assert reader.next_round() is None
     with pytest.raises(ValueError, match="split_rounds=True. needs the metrics file of every actor"):
         grpo_loop.RoundReader(tmp_path, split_rounds=True)
 
