@@ -32,11 +32,9 @@ from ranger_jax.sampling import Buckets
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     eval_setup.add_arguments(parser)
-    parser.add_argument("--concurrency", type=int, default=32, help="episodes in flight (the batch)")
+    eval_setup.add_report_arguments(parser, concurrency_help="episodes in flight (the batch)")
     parser.add_argument("--min-active-rows", type=int, default=Buckets().min_active_rows,
                         help="the smallest sub-batch a call on a few rows runs on")
-    parser.add_argument("--sampled", action="store_true", help="score as the GRPO actor samples")
-    parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
     if not 1 <= args.min_active_rows < args.concurrency:
         parser.error(f"--min-active-rows must be in [1, --concurrency); got {args.min_active_rows}")

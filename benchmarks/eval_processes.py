@@ -29,10 +29,8 @@ from ranger_jax.sampling import Buckets
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     eval_setup.add_arguments(parser)
-    parser.add_argument("--concurrency", type=int, default=32, help="episodes in flight, over all processes")
+    eval_setup.add_report_arguments(parser, concurrency_help="episodes in flight, over all processes")
     parser.add_argument("--processes", type=int, default=2, help="worker processes of the split evaluation")
-    parser.add_argument("--sampled", action="store_true", help="score as the GRPO actor samples")
-    parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
     if args.processes < 2:
         parser.error(f"--processes must be at least 2 (the reference is one process); got {args.processes}")

@@ -42,6 +42,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the built world")
 
 
+def add_report_arguments(parser: argparse.ArgumentParser, *, concurrency_help: str) -> None:
+    """Adds --concurrency (default 32), --sampled and --json: the options `report` reads."""
+    parser.add_argument("--concurrency", type=int, default=32, help=concurrency_help)
+    parser.add_argument("--sampled", action="store_true", help="score as the GRPO actor samples")
+    parser.add_argument("--json", help="write the results here")
+
+
 def world_and_policy(args: argparse.Namespace, workdir: Path) -> tuple[Path, Path]:
     """The world and checkpoint folders the arguments name, or ones built in `workdir`."""
     world = Path(args.world) if args.world else build.build_world(workdir / "world", args.tasks or BUILT_TASKS,

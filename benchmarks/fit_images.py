@@ -30,9 +30,7 @@ from ranger_jax.sampling import Buckets
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     eval_setup.add_arguments(parser)
-    parser.add_argument("--concurrency", type=int, default=32, help="episodes in flight (the batch)")
-    parser.add_argument("--sampled", action="store_true", help="score as the GRPO actor samples")
-    parser.add_argument("--json", help="write the results here")
+    eval_setup.add_report_arguments(parser, concurrency_help="episodes in flight (the batch)")
     args = parser.parse_args()
     if args.concurrency < 1:
         parser.error(f"--concurrency must be >= 1; got {args.concurrency}")

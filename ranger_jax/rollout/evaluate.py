@@ -223,8 +223,9 @@ def evaluate_checkpoint(world_dir: str | os.PathLike, checkpoint: str | os.PathL
         logger.warning("%s: %s", world_dir, mismatch)
     tasks = world_lib.load_tasks(world_dir)[:limit]
     play = _PlaySettings(
-        env_name=env_name, limit=limit, rows=max(1, concurrency // processes), max_new_tokens=max_new_tokens,
-        max_context_tokens=max_context_tokens, blank_observations=blank_observations, sampling=sampling,
+        tasks=tasks, trained=trained, env_name=env_name, rows=max(1, concurrency // processes),
+        max_new_tokens=max_new_tokens, max_context_tokens=max_context_tokens,
+        blank_observations=blank_observations, sampling=sampling,
         samples_per_task=samples_per_task, branch_turns=tuple(branch_turns), sample_turns=sample_turns, seed=seed,
         chunk_tokens=chunk_tokens, share_trunk=share_trunk, prefill_trunk=prefill_trunk,
         share_continuations=share_continuations, buckets=buckets, env_options=dict(env_options))
@@ -251,10 +252,13 @@ def evaluate_checkpoint(world_dir: str | os.PathLike, checkpoint: str | os.PathL
 
 @dataclasses.dataclass(frozen=True)
 class _PlaySettings:
-    """What one process of `evaluate_checkpoint` needs besides the world, the checkpoint and its part."""
+    """What one process of `evaluate_checkpoint` needs besides the world, the checkpoint and its part: the tasks
+    (all of them: a part's group indices are those of the whole list) and the checkpoint's recorded settings, read
+    once by the caller."""
 
+    tasks: list[core.Task]
+    trained: trained_env.TrainedEnv
     env_name: str | None
-    limit: int | None
     rows: int
     max_new_tokens: int | None
     max_context_tokens: int | None
@@ -279,8 +283,7 @@ def _play(world_dir: str, checkpoint: str, play: _PlaySettings, part: tuple[int,
     from ranger_jax import sampling as sampling_lib  # jax and the model load only when a checkpoint is evaluated
     from ranger_jax.models import qwen3_vl
 
-    trained = trained_env.read(checkpoint) or trained_env.TrainedEnv()
-    tasks = world_lib.load_tasks(world_dir)[:play.limit]
+    trained, tasks = play.trained, play.tasks
     tokenizer = tokenizer_lib.load_tokenizer(checkpoint)
     model = qwen3_vl.load(checkpoint, sharding_rules="sample")
     vision_config = model.config.vision_config
