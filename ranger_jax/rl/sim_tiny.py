@@ -598,6 +598,18 @@ def rows_per_actor(config: SimTinyConfig) -> int:
     return max(1, actor_rows(config) // config.actor_processes)
 
 
+def actor_rows_warning(config: SimTinyConfig) -> str | None:
+    """Why the GRPO actors will be slower than they could be, or None: an actor whose rows hold less than a group
+    plays every member's greedy turns itself (`runner.shares_trunks` needs a whole group in flight). Allowed (a
+    small run may want it), but worth saying, since it happens silently when `actor_processes` grows."""
+    rows = rows_per_actor(config)
+    if rows >= config.group_size or not any(turn > 0 for turn in config.branch_turns):
+        return None
+    return (f"each of the {config.actor_processes} GRPO actor process(es) runs {rows} row(s), fewer than a group of "
+            f"{config.group_size}: groups will not share their greedy turns (slower, the same episodes); raise "
+            f"actor_concurrency to at least {config.group_size * config.actor_processes} or lower actor_processes")
+
+
 def actor_command(config: SimTinyConfig, *, env_file: Path, grpo_world: Path, weights_dir: Path, shards_dir: Path,
                   metrics_path: Path, part: int = 0) -> list[str]:
     """Actor process `part` of the GRPO stage's `actor_processes` (shard prefix `actor<part>`)."""
@@ -835,6 +847,8 @@ def run_grpo(config: SimTinyConfig, model: Any, tokenizer_dir: Path, env_file: P
     their extra environment variables; `augment`: the permutation of each group's words the learner sees,
     `grpo_augmentation`)."""
     tokenizer = tokenizer_lib.load_tokenizer(tokenizer_dir)
+    if (warning := actor_rows_warning(config)) is not None:
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
     learner = grpo_learner(config, model)
     weights_dir, shards_dir = out / "weights", out / "grpo_shards"
     (out / "metrics").mkdir(parents=True, exist_ok=True)
@@ -854,7 +868,6 @@ def run_grpo(config: SimTinyConfig, model: Any, tokenizer_dir: Path, env_file: P
         filter_config=filters.FilterConfig(trim_untrained_tail=True), actor_metrics=actor_metrics,
         actor_env=actor_env, metrics=metrics, progress=config.progress, augment=augment)
     return learner, result
-
 
 
 def evaluate_scripted(config: SimTinyConfig, eval_world: Path) -> dict[str, dict[str, Any]]:

@@ -213,6 +213,17 @@ def test_large_steps_run_through_the_actor_in_batches_of_its_concurrency(tmp_pat
         sim_tiny.configure(grpo_schedule="huge")
 
 
+def test_actors_with_fewer_rows_than_a_group_are_warned_about_not_refused():
+    config = sim_tiny.configure()  # 32 rows over 2 actors, groups of 8
+    assert sim_tiny.actor_rows_warning(config) is None
+    assert sim_tiny.actor_rows_warning(dataclasses.replace(config, actor_processes=4)) is None  # 8 rows: one group
+    crowded = dataclasses.replace(config, actor_processes=5)  # 6 rows each
+    message = sim_tiny.actor_rows_warning(crowded)
+    assert message is not None and "each of the 5 GRPO actor process(es) runs 6 row(s)" in message
+    assert "a group of 8" in message and "actor_concurrency to at least 40" in message
+    assert sim_tiny.actor_rows_warning(dataclasses.replace(crowded, branch_turns=(0,))) is None  # no trunk to share
+
+
 def test_grpo_groups_branch_at_the_find_object_turn_or_the_answer_and_older_schedules_keep_turn_2():
     # half the groups branch at the find_object turn, half at the answer (the answer's JSON is trained too); every
     # schedule measured before keeps the find_object turn alone, so its documented figures still describe it
