@@ -75,13 +75,13 @@ jax.monitoring.register_event_duration_secs_listener(_listen)
 
 
 def timed_runs(world: Path, checkpoint: Path, cache: Path, *, buckets: Buckets, limit: int | None,
-               concurrency: int, sampled: bool, runs: int = 3, processes: int = 1) -> dict:
+               concurrency: int, sampled: bool, runs: int = 3, processes: int = 1, pin_cpus: bool = True) -> dict:
     """`runs` evaluations with `buckets` compiling into `cache` (a persistent compilation cache of their own): the
     first timed as cold, the best other as warm (which shapes a run meets depends on the timing of its episodes,
     so a warm run may still compile a few). Each run's seconds, compile seconds and programs compiled by XLA (None
     with `processes` > 1: the worker processes compile, out of this process's sight).
     `sampled` scores as sim-tiny's GRPO actor samples (4 episodes a task, turn 2 decision-sampled)."""
-    options = dict(concurrency=concurrency, limit=limit, buckets=buckets, processes=processes)
+    options = dict(concurrency=concurrency, limit=limit, buckets=buckets, processes=processes, pin_cpus=pin_cpus)
     if sampled:
         options.update(actor_sampling(4, 2))
     timings = []

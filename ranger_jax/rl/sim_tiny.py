@@ -38,13 +38,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import sys
 import time
 import tomllib
 from pathlib import Path
 from typing import Any
 
-from ranger_jax import compilation_cache, process_pool
+from ranger_jax import compilation_cache, cpu_affinity, process_pool
 from ranger_jax import env as env_lib
 from ranger_jax.env import perception
 from ranger_jax.data import augment, batching, filters, first_turns, pipeline, shards
@@ -235,6 +236,11 @@ class SimTinyConfig:
     # evaluations load the sampler programs compiled before them instead of compiling them again, and a rerun of the
     # folder compiles nothing
     compilation_cache: bool = True
+    # with two or more actor processes, each runs on its own share of the cores (`actor --cpus`,
+    # `cpu_affinity.split_cpus`), as do the evaluations' worker processes: XLA sizes each process's thread pool to the
+    # cores it may use, and pools as wide as the machine preempt one another. Measured on 2 cores (docs/sim_tiny.md):
+    # a sampled evaluation in two processes 26-30 s pinned against 31-36 s, the same rewards
+    pin_actors: bool = True
 
     def __post_init__(self):
         for name in ("sft_worlds", "tasks_per_world", "grpo_tasks", "eval_tasks", "sft_steps", "sft_batch",
@@ -637,7 +643,17 @@ def actor_command(config: SimTinyConfig, *, env_file: Path, grpo_world: Path, we
         command.append("--share-continuations")
     if config.blind:
         command.append("--blank-observations")
+    if (cpus := actor_cpus(config, part)) is not None:
+        command += ["--cpus", ",".join(str(cpu) for cpu in cpus)]
     return command
+
+
+def actor_cpus(config: SimTinyConfig, part: int) -> list[int] | None:
+    """The cores actor process `part` runs on (`pin_actors`; None: every core, as for a single actor, or where the
+    platform cannot pin)."""
+    if not config.pin_actors or config.actor_processes < 2 or not hasattr(os, "sched_setaffinity"):
+        return None
+    return cpu_affinity.split_cpus(config.actor_processes)[part]
 
 
 def timed(timings: dict[str, float], name: str):
@@ -888,7 +904,8 @@ def evaluate_policy(config: SimTinyConfig, checkpoint: Path, eval_world: Path,
     for both)."""
     return evaluate.evaluate_checkpoint(eval_world, checkpoint, blank_observations=config.blind,
                                         concurrency=rows_per_actor(config) * config.actor_processes,
-                                        processes=config.actor_processes, trajectories_out=trajectories_out,
+                                        processes=config.actor_processes, pin_cpus=config.pin_actors,
+                                        trajectories_out=trajectories_out,
                                         progress=config.progress)
 
 

@@ -40,6 +40,7 @@ from typing import Any
 
 import tqdm
 
+from ranger_jax import cpu_affinity
 from ranger_jax import data as data_lib
 from ranger_jax import env as env_lib
 from ranger_jax import fileio
@@ -287,6 +288,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="I/N: play only the groups whose index is I modulo N, with the seeds and group ids they have "
                         "in the whole run, so N actors with parts 0/N ... N-1/N split each round between them "
                         "(default 0/1: every group)")
+    p.add_argument("--cpus", help="run on these CPU ids only, comma-separated (e.g. 0 or 0,1): JAX's CPU thread pool "
+                                   "is sized to them, so actors sharing a machine do not preempt each other's threads "
+                                   "(default: every core this process may use)")
     p.add_argument("--concurrency", type=int, default=8, help="episodes in flight")
     p.add_argument("--chunk-tokens", type=int, default=sampler_policy.DEFAULT_CHUNK_TOKENS,
                    help="jax policy: tokens a row decodes per sampler call before waiting turns join the batch "
@@ -330,6 +334,11 @@ def main(argv: Sequence[str] | None = None) -> ActorSummary | decoupled.RoundsSu
     """The actor's command line (`python -m ranger_jax.rollout.actor --help`); returns its summary."""
     parser = _parser()
     args = parser.parse_args(argv)
+    if args.cpus is not None:  # first: before anything starts JAX's CPU client and its thread pool
+        try:
+            cpu_affinity.pin(cpu_affinity.parse_cpus(args.cpus))
+        except (ValueError, OSError) as err:
+            parser.error(f"--cpus: {err}")
     in_rounds = bool(args.weights_dir or args.max_rounds or args.stop_file)
     if args.metrics and not in_rounds:
         parser.error("--metrics writes one line per round: give --weights-dir, --max-rounds or --stop-file")

@@ -95,3 +95,13 @@ def test_worker_stages_benchmark_parses_and_checks_its_arguments():
     assert "--workers" in done.stdout and "--sft-worlds" in done.stdout
     bad = subprocess.run([sys.executable, script, "--workers", "-1"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "--workers must be >= 0" in bad.stderr
+
+
+def test_pinned_workers_benchmark_parses_and_checks_its_arguments():
+    script = str(BENCHMARKS / "pinned_workers.py")
+    done = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "--processes" in done.stdout and "--sampled" in done.stdout
+    bad = subprocess.run([sys.executable, script, "--processes", "1"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2
+    assert "--processes must be at least 2 (one process has nothing to share); got 1" in bad.stderr

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import runpy
 import sys
@@ -15,7 +16,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from ranger_jax import process_pool
+from ranger_jax import cpu_affinity, process_pool
 from ranger_jax.data import shards
 from ranger_jax.models import qwen3_vl
 from ranger_jax.rl import diagnostics, sim_tiny, tiny_policy
@@ -211,6 +212,19 @@ def test_large_steps_run_through_the_actor_in_batches_of_its_concurrency(tmp_pat
     known = "default, long, find-object-turn, short, groups-of-4, three-steps, small-steps, large-batch, decision-batch"
     with pytest.raises(ValueError, match=f"unknown GRPO schedule 'huge'; known: {known}"):
         sim_tiny.configure(grpo_schedule="huge")
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="pinning needs os.sched_setaffinity")
+def test_two_or_more_actors_each_run_on_their_own_cores(tmp_path, monkeypatch):
+    monkeypatch.setattr(cpu_affinity, "usable_cpus", lambda: [0, 1, 2, 3])
+    config = sim_tiny.configure()  # two actors
+    assert [_actor_flags(config, tmp_path, part=i)["--cpus"] for i in range(2)] == ["0,1", "2,3"]
+    three = dataclasses.replace(config, actor_processes=3)
+    assert [sim_tiny.actor_cpus(three, i) for i in range(3)] == [[0, 1], [2], [3]]
+    monkeypatch.setattr(cpu_affinity, "usable_cpus", lambda: [0, 1])
+    assert [_actor_flags(config, tmp_path, part=i)["--cpus"] for i in range(2)] == ["0", "1"]
+    for unpinned in (dataclasses.replace(config, pin_actors=False), dataclasses.replace(config, actor_processes=1)):
+        assert "--cpus" not in _actor_flags(unpinned, tmp_path) and sim_tiny.actor_cpus(unpinned, 0) is None
 
 
 def test_actors_with_fewer_rows_than_a_group_are_warned_about_not_refused():

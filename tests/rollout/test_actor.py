@@ -75,6 +75,8 @@ def test_actor_cli(tmp_path, world_dir, monkeypatch, capsys):
         (("--share-continuations",), "--share-continuations needs --sample-turns"),
         (("--draw-below", "0.5"), "--draw-below/--max-draws need --policy jax (got --policy expert)"),
         (("--max-draws", "-1"), "max_draws must be an int >= 0 (0 = no limit); got -1"),
+        (("--cpus", "x"), "--cpus: --cpus must be comma-separated CPU ids (ints >= 0, e.g. 0 or 0,1); got 'x'"),
+        (("--cpus", "100000"), "--cpus: cannot pin to CPU(s) [100000]: this process may run on ["),
     ]:
         with pytest.raises(SystemExit):
             actor.main(cli_args(world_dir, tmp_path / "bad", *flags))

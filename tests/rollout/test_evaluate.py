@@ -4,6 +4,7 @@ comparison of two evaluations."""
 
 import dataclasses
 import json
+import os
 import re
 import runpy
 import shutil
@@ -340,3 +341,23 @@ def test_processes_split_the_tasks_and_play_the_same_episodes(checkpoint, world_
     for bad in (0, True, 1.5):
         with pytest.raises(ValueError, match=f"processes must be an int >= 1; got {bad!r}"):
             evaluate.evaluate_checkpoint(world_dir, checkpoint, limit=1, processes=bad)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="pinning needs os.sched_setaffinity")
+def test_split_evaluation_gives_each_worker_its_share_of_the_cores(checkpoint, world_dir, monkeypatch):
+    """With `pin_cpus` (the default) worker i gets `cpu_affinity.split_cpus`'s share i; without, every core. (The
+    pinned workers themselves run in `test_processes_split_the_tasks_and_play_the_same_episodes`.)"""
+    from ranger_jax import cpu_affinity, process_pool
+
+    handed = []
+
+    def stop_before_running(fn, jobs, **_):
+        handed.append([job[-1] for job in jobs])
+        raise RuntimeError("stopped before running")
+
+    monkeypatch.setattr(process_pool, "run_jobs", stop_before_running)
+    monkeypatch.setattr(cpu_affinity, "usable_cpus", lambda: [0, 1, 2])
+    for options in ({}, {"pin_cpus": False}, {"processes": 3}):
+        with pytest.raises(RuntimeError, match="stopped before running"):
+            evaluate.evaluate_checkpoint(world_dir, checkpoint, limit=2, **{"processes": 2, **options})
+    assert handed == [[[0, 1], [2]], [None, None], [[0], [1], [2]]]
