@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 import eval_setup  # benchmarks/eval_setup.py, beside this script
+from ranger_jax import cpu_affinity
 from ranger_jax.sampling import Buckets
 
 
@@ -31,7 +32,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.processes < 2:
         parser.error(f"--processes must be at least 2 (one process has nothing to share); got {args.processes}")
-    if not hasattr(os, "sched_setaffinity"):
+    if not cpu_affinity.can_pin():
         parser.error("pinning needs os.sched_setaffinity (Linux)")
     with tempfile.TemporaryDirectory(prefix="pinned_workers_") as tmp:
         tmp = Path(tmp)

@@ -15,6 +15,11 @@ import os
 from collections.abc import Iterable, Sequence
 
 
+def can_pin() -> bool:
+    """Whether this platform can pin a process to cores (Linux's `os.sched_setaffinity`)."""
+    return hasattr(os, "sched_setaffinity")
+
+
 def usable_cpus() -> list[int]:
     """The CPU ids this process may run on, ascending."""
     if hasattr(os, "sched_getaffinity"):
@@ -71,7 +76,7 @@ def pin(cpus: Iterable[int]) -> list[int]:
     wanted = sorted(set(cpus))
     if not wanted:
         raise ValueError("pin needs at least one cpu; got none")
-    if not hasattr(os, "sched_setaffinity"):
+    if not can_pin():
         raise OSError("pinning to CPUs needs os.sched_setaffinity (Linux); this platform has none")
     usable = usable_cpus()
     unknown = [cpu for cpu in wanted if cpu not in usable]
@@ -86,5 +91,4 @@ def pin(cpus: Iterable[int]) -> list[int]:
             os.sched_setaffinity(tid, wanted)
         except (ProcessLookupError, PermissionError):  # a thread that ended meanwhile
             continue
-    os.sched_setaffinity(0, wanted)
     return wanted

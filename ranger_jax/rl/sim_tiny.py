@@ -38,7 +38,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import os
 import sys
 import time
 import tomllib
@@ -651,7 +650,7 @@ def actor_command(config: SimTinyConfig, *, env_file: Path, grpo_world: Path, we
 def actor_cpus(config: SimTinyConfig, part: int) -> list[int] | None:
     """The cores actor process `part` runs on (`pin_actors`; None: every core, as for a single actor, or where the
     platform cannot pin)."""
-    if not config.pin_actors or config.actor_processes < 2 or not hasattr(os, "sched_setaffinity"):
+    if not config.pin_actors or config.actor_processes < 2 or not cpu_affinity.can_pin():
         return None
     return cpu_affinity.split_cpus(config.actor_processes)[part]
 

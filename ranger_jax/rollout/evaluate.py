@@ -358,7 +358,7 @@ def _play_in_processes(world_dir: str, checkpoint: str, play: _PlaySettings, pro
     final = Path(trajectories_out) if trajectories_out is not None else None
     parts = [None if final is None else str(final.with_name(f"{final.stem}.part{i}of{processes}{final.suffix}"))
              for i in range(processes)]
-    shares = cpu_affinity.split_cpus(processes) if pin_cpus and hasattr(os, "sched_setaffinity") else [None] * processes
+    shares = cpu_affinity.split_cpus(processes) if pin_cpus and cpu_affinity.can_pin() else [None] * processes
     try:
         results = process_pool.run_jobs(
             _play_part, [(world_dir, checkpoint, play, (i, processes), parts[i], cache, shares[i])
