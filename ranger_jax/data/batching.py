@@ -66,6 +66,11 @@ class BatchSpec:
     # length buckets
     prefix_rows: int = 0
     suffix_buckets: tuple[int, ...] = DEFAULT_SUFFIX_BUCKETS
+    # smaller shared-prefix batches for fewer units: a batch of u units takes the smallest of these prefix-row counts
+    # b >= u (with batch_size·b/prefix_rows suffix rows, when its rows fit them), else `prefix_rows`. A learner that
+    # leaves zero-advantage batches out then runs a round's few leftover groups in a small batch, not a full one,
+    # each size compiled once. () = every batch has `prefix_rows`
+    prefix_row_buckets: tuple[int, ...] = ()
 
     def __post_init__(self):
         object.__setattr__(self, "length_buckets", tuple(int(b) for b in self.length_buckets))
@@ -75,6 +80,19 @@ class BatchSpec:
             raise ValueError(f"suffix_buckets must be >= 2 and strictly ascending, got {list(suffix)}")
         if self.prefix_rows < 0:
             raise ValueError(f"BatchSpec.prefix_rows must be >= 0, got {self.prefix_rows}")
+        object.__setattr__(self, "prefix_row_buckets", tuple(int(b) for b in self.prefix_row_buckets))
+        row_buckets = self.prefix_row_buckets
+        if row_buckets:
+            if not self.prefix_rows:
+                raise ValueError("BatchSpec.prefix_row_buckets needs prefix_rows >= 1 (shared-prefix batches)")
+            if any(b < 1 for b in row_buckets) or list(row_buckets) != sorted(set(row_buckets)) \
+                    or row_buckets[-1] >= self.prefix_rows:
+                raise ValueError(f"BatchSpec.prefix_row_buckets must be >= 1, strictly ascending and below "
+                                 f"prefix_rows {self.prefix_rows}, got {list(row_buckets)}")
+            uneven = [b for b in row_buckets if self.batch_size * b % self.prefix_rows]
+            if uneven:
+                raise ValueError(f"BatchSpec.prefix_row_buckets {uneven}: batch_size {self.batch_size} x bucket must "
+                                 f"be a multiple of prefix_rows {self.prefix_rows} (the suffix rows scale with it)")
         buckets = self.length_buckets
         if not buckets or any(b < 1 for b in buckets) or list(buckets) != sorted(set(buckets)):
             raise ValueError(f"length_buckets must be positive and strictly ascending, got {list(buckets)}")

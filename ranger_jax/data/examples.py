@@ -18,7 +18,10 @@ resize) reproduces the `pixel_values` the sampler encoded, bit for bit, whatever
 
 from __future__ import annotations
 
+import collections
+import hashlib
 import io
+import threading
 from typing import Any
 
 import numpy as np
@@ -28,6 +31,41 @@ from ranger_jax.data.trajectory import Trajectory, TrajectoryImage
 from ranger_jax.processing import image as image_lib
 
 SFT_POLICY_VERSION = -1  # policy_version of rows that no policy sampled (SFT data)
+PIXEL_MEMO_BYTES = 256 * 2**20  # patch rows kept for images seen again (`image_pixels`)
+
+
+class _PixelMemo:
+    """Recently patched images, by their PNG's digest and the patching: the members of a GRPO group record the same
+    context images, so a round of groups of 8 decodes each image once instead of 8 times. Bounded by the bytes of
+    the arrays it holds (least recently used go first); shared by the data pipeline's reader threads."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes, self.bytes = max_bytes, 0
+        self._items: collections.OrderedDict[tuple, np.ndarray] = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple) -> np.ndarray | None:
+        with self._lock:
+            value = self._items.get(key)
+            if value is not None:
+                self._items.move_to_end(key)
+            return value
+
+    def put(self, key: tuple, value: np.ndarray) -> None:
+        if value.nbytes > self.max_bytes:
+            return
+        value.setflags(write=False)  # shared between examples: nothing may write into it
+        with self._lock:
+            if key in self._items:
+                return
+            self._items[key] = value
+            self.bytes += value.nbytes
+            while self.bytes > self.max_bytes:
+                _, old = self._items.popitem(last=False)
+                self.bytes -= old.nbytes
+
+
+_PIXEL_MEMO = _PixelMemo(PIXEL_MEMO_BYTES)
 
 
 def image_pixels(image: TrajectoryImage, *, patch_size: int, merge_size: int, temporal_patch_size: int,
@@ -40,11 +78,24 @@ def image_pixels(image: TrajectoryImage, *, patch_size: int, merge_size: int, te
         where: names the image in errors (e.g. "shard s.array_record record 4 image 2 (IMG_003)").
 
     Returns:
-        [t·h·w, 3·temporal_patch_size·patch_size²] float32.
+        [t·h·w, 3·temporal_patch_size·patch_size²] float32, read-only (an image seen again, e.g. by the other
+        members of a GRPO group, returns the array made the first time: `_PixelMemo`).
 
     Raises:
         ValueError: the PNG's size is not its grid times `patch_size` (it was not recorded at processor size).
     """
+    key = (hashlib.blake2b(image.png, digest_size=16).digest(), tuple(image.grid_thw), patch_size, merge_size,
+           temporal_patch_size)
+    if (memo := _PIXEL_MEMO.get(key)) is not None:
+        return memo
+    pixel_values = _patched(image, patch_size=patch_size, merge_size=merge_size,
+                            temporal_patch_size=temporal_patch_size, where=where)
+    _PIXEL_MEMO.put(key, pixel_values)
+    return pixel_values
+
+
+def _patched(image: TrajectoryImage, *, patch_size: int, merge_size: int, temporal_patch_size: int,
+             where: str) -> np.ndarray:
     _, grid_h, grid_w = image.grid_thw
     with Image.open(io.BytesIO(image.png)) as decoded:
         decoded.load()

@@ -26,7 +26,8 @@ row_valid, policy_version, advantages, token_advantages), each suffix row starti
     prefix_index           [B] int32      the prefix row each suffix row continues
     pixel_values [P_img, I], image_grid_thw [N, 3]   the prefixes' images and the image padding (`collate`'s rule)
 
-G is `BatchSpec.prefix_rows` and P a length bucket; suffix rows are padded to one of `suffix_buckets`.
+G is `BatchSpec.prefix_rows` (or, for fewer units, the smallest of `prefix_row_buckets` that holds them, B then
+scaled alike: `batch_spec_for`) and P a length bucket; suffix rows are padded to one of `suffix_buckets`.
 """
 
 from __future__ import annotations
@@ -109,7 +110,17 @@ def suffix_spec(spec: batching.BatchSpec) -> batching.BatchSpec:
 
 def prefix_spec(spec: batching.BatchSpec) -> batching.BatchSpec:
     """The spec the prefix rows are collated with: `spec` with `prefix_rows` rows and no prefix sharing."""
-    return dataclasses.replace(spec, batch_size=spec.prefix_rows, prefix_rows=0)
+    return dataclasses.replace(spec, batch_size=spec.prefix_rows, prefix_rows=0, prefix_row_buckets=())
+
+
+def batch_spec_for(spec: batching.BatchSpec, units: int, rows: int) -> batching.BatchSpec:
+    """The spec a shared-prefix batch of `units` units and `rows` suffix rows is collated with: the smallest of
+    `spec.prefix_row_buckets` that holds both (its suffix rows scaled with its prefix rows), else `spec`."""
+    for bucket in spec.prefix_row_buckets:
+        batch = spec.batch_size * bucket // spec.prefix_rows
+        if units <= bucket and rows <= batch:
+            return dataclasses.replace(spec, batch_size=batch, prefix_rows=bucket, prefix_row_buckets=())
+    return spec
 
 
 def collate_shared(units: Sequence[Sequence[dict[str, Any]]], spec: batching.BatchSpec) -> dict[str, np.ndarray]:
@@ -126,6 +137,7 @@ def collate_shared(units: Sequence[Sequence[dict[str, Any]]], spec: batching.Bat
     rows = sum(len(u) for u in units)
     if rows > spec.batch_size:
         raise ValueError(f"{len(units)} units hold {rows} rows, above BatchSpec.batch_size {spec.batch_size}")
+    spec = batch_spec_for(spec, len(units), rows)
     prefixes, suffixes, index = [], [], []
     for number, unit in enumerate(units):
         try:

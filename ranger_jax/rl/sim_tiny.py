@@ -839,6 +839,9 @@ def next_sft_steps(config: SimTinyConfig, done: int, recent_loss: float | None) 
     return min(config.sft_steps + (beyond // config.sft_extension_steps + 1) * config.sft_extension_steps, last)
 
 
+GRPO_PREFIX_BUCKETS = (1152, 1536, 2048, 3072)  # the shared contexts' lengths (~900-1,150 tokens)
+
+
 def learner_groups(config: SimTinyConfig) -> int:
     """GRPO groups per learner batch: a step's, or as many as `grpo_learner_rows` holds (at least one) if fewer (the
     step then spans batches)."""
@@ -851,8 +854,15 @@ def grpo_batch_spec(config: SimTinyConfig, tokenizer: Any) -> batching.BatchSpec
     spec = batch_spec(tokenizer, learner_groups(config) * config.group_size)
     if not config.shared_prefix:
         return spec
-    return dataclasses.replace(spec, prefix_rows=learner_groups(config),
-                               suffix_buckets=(64, 128, 256, 512, 1024, 2048))
+    # Few shapes: each new one is a compile of the learner's step (~10 s of CPU, more beside the actors). The
+    # eight rounds of seeds 20, 21 and 22 ran 7, 8 and 9 shapes with the SFT batches' fine steps, 4, 5 and 3 with
+    # these: prefixes from 1,152 tokens, pixels and images in coarse steps (padding patches cost the one-layer
+    # vision tower little), and a round's few groups left over from a full batch in a batch of 8 or 16 groups, not
+    # a full one (`prefix_row_buckets`); docs/sim_tiny.md, "Fewer learner shapes"
+    groups = learner_groups(config)
+    return dataclasses.replace(spec, prefix_rows=groups, suffix_buckets=(64, 128, 256, 512, 1024, 2048),
+                               length_buckets=GRPO_PREFIX_BUCKETS, patch_step=1024, image_step=64,
+                               prefix_row_buckets=tuple(b for b in (8, 16) if b < groups))
 
 
 def run_grpo(config: SimTinyConfig, model: Any, tokenizer_dir: Path, env_file: Path, grpo_world: Path, out: Path,

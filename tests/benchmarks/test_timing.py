@@ -105,3 +105,16 @@ def test_pinned_workers_benchmark_parses_and_checks_its_arguments():
     bad = subprocess.run([sys.executable, script, "--processes", "1"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2
     assert "--processes must be at least 2 (one process has nothing to share); got 1" in bad.stderr
+
+
+def test_learner_shapes_benchmark_parses_and_checks_its_arguments(tmp_path):
+    script = str(BENCHMARKS / "learner_shapes.py")
+    done = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "--run" in done.stdout and "--rounds" in done.stdout
+    bad = subprocess.run([sys.executable, script, "--run", str(tmp_path), "--rounds", "0"], capture_output=True,
+                         text=True, timeout=120)
+    assert bad.returncode == 2 and "--rounds must be >= 1; got 0" in bad.stderr
+    empty = subprocess.run([sys.executable, script, "--run", str(tmp_path)], capture_output=True, text=True,
+                           timeout=120)
+    assert empty.returncode == 2 and "lacks summary.json: pass a finished sim-tiny run folder" in empty.stderr

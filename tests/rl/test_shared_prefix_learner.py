@@ -271,3 +271,35 @@ def test_zero_advantage_batches_run_when_a_kl_term_or_nothing_else_is_there(tiny
     assert metrics["skipped_batches"] == 2 and metrics["grad_norm"] == 0.0 and learner.step_count == 1
     one = learner.accumulated_step(zero[:1], skip_zero_advantage=True)
     assert one["skipped_batches"] == 0 and learner.step_count == 2
+
+
+def test_fewer_units_take_a_smaller_batch_with_the_same_update(tiny_checkpoint, units):
+    # prefix_row_buckets (1, 2) of 3 prefix rows and 9 suffix rows: a bucket of b prefix rows has 9·b/3 suffix rows
+    spec = dataclasses.replace(SHARED, batch_size=9, prefix_rows=3, prefix_row_buckets=(1, 2))
+    small = shared_prefix.collate_shared(units[2:], spec)  # one unit of 2 rows: bucket 1 holds 3 suffix rows
+    assert small["prefix_input_ids"].shape[0] == 1 and small["input_ids"].shape[0] == 3
+    pair = shared_prefix.collate_shared(units[1:], spec)  # two units, 4 rows: bucket 2 (6 rows)
+    assert pair["prefix_input_ids"].shape[0] == 2 and pair["input_ids"].shape[0] == 6
+    crowded = shared_prefix.collate_shared([units[0], units[0]], spec)  # two units but 6 rows: bucket 2 holds them
+    assert crowded["input_ids"].shape[0] == 6
+    whole = shared_prefix.collate_shared(units, spec)  # three units: the full batch
+    assert whole["prefix_input_ids"].shape[0] == 3 and whole["input_ids"].shape[0] == 9
+    full_size = [shared_prefix.collate_shared(units[:2], SHARED), shared_prefix.collate_shared(units[2:], SHARED)]
+    bucketed = [shared_prefix.collate_shared(units[:2], spec), small]
+    assert full_size[1]["input_ids"].shape[0] == 8
+    a, b = Learner(load(tiny_checkpoint), GRPO), Learner(load(tiny_checkpoint), GRPO)
+    one, many = a.accumulated_step(full_size), b.accumulated_step(bucketed)
+    for key, value in one.items():  # padding rows add nothing: the same update from the smaller batch
+        assert many[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
+    plain = batching.collate([r for u in units for r in u], PLAIN)
+    np.testing.assert_allclose(b.logprobs(plain), a.logprobs(plain), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("buckets, match", [
+    ((2, 1), "strictly ascending"), ((0,), ">= 1"), ((3,), "below prefix_rows 3"),
+    ((2,), r"batch_size 8 x bucket must be a multiple of prefix_rows 3")])
+def test_prefix_row_buckets_are_checked(buckets, match):
+    with pytest.raises(ValueError, match=match):
+        dataclasses.replace(SHARED, prefix_row_buckets=buckets)
+    with pytest.raises(ValueError, match="needs prefix_rows >= 1"):
+        dataclasses.replace(PLAIN, prefix_row_buckets=(1,))

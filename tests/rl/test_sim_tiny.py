@@ -8,6 +8,7 @@ import os
 import re
 import runpy
 import sys
+import types
 from pathlib import Path
 
 import jax
@@ -17,7 +18,7 @@ import pytest
 from flax import nnx
 
 from ranger_jax import cpu_affinity, process_pool
-from ranger_jax.data import shards
+from ranger_jax.data import shards, shared_prefix
 from ranger_jax.models import qwen3_vl
 from ranger_jax.rl import diagnostics, sim_tiny, tiny_policy
 from ranger_jax.rollout import trained_env
@@ -269,6 +270,24 @@ def test_a_grpo_step_above_the_learner_batch_runs_in_batches_of_whole_groups():
     assert sim_tiny.learner_groups(dataclasses.replace(big, grpo_learner_rows=3)) == 1  # at least one group
     with pytest.raises(ValueError, match="grpo_learner_rows must be a positive int; got 0"):
         dataclasses.replace(big, grpo_learner_rows=0)
+
+
+def test_grpo_learner_batches_come_in_few_shapes():
+    # the step compiles once per shape: coarse pixel and image steps, prefixes from 1,152 tokens, and a round's few
+    # leftover groups in a batch of 8 or 16 groups (the suffix rows scaled alike)
+    tokenizer = types.SimpleNamespace(pad_id=0, image_pad_id=6)
+    spec = sim_tiny.grpo_batch_spec(sim_tiny.configure(), tokenizer)
+    assert (spec.prefix_rows, spec.batch_size, spec.prefix_row_buckets) == (30, 240, (8, 16))
+    assert (spec.patch_step, spec.image_step, spec.length_buckets[0]) == (1024, 64, 1152)
+    assert spec.max_row_length >= 2048
+    assert shared_prefix.batch_spec_for(spec, 2, 16).batch_size == 64
+    assert shared_prefix.batch_spec_for(spec, 9, 72).batch_size == 128
+    assert shared_prefix.batch_spec_for(spec, 17, 136) is spec
+    assert shared_prefix.batch_spec_for(spec, 8, 70).prefix_rows == 16  # 8 groups but more rows than 64
+    few = sim_tiny.grpo_batch_spec(dataclasses.replace(sim_tiny.configure(), grpo_learner_rows=96), tokenizer)
+    assert (few.prefix_rows, few.prefix_row_buckets) == (12, (8,))  # only the buckets below the batch's groups
+    plain = sim_tiny.grpo_batch_spec(dataclasses.replace(sim_tiny.configure(), shared_prefix=False), tokenizer)
+    assert plain.prefix_rows == 0 and plain.patch_step == 256  # rows without shared prefixes: the SFT shapes
 
 
 def test_default_grpo_draws_uncertain_tokens_in_large_steps_and_trains_attention_alone(tmp_path):
