@@ -69,7 +69,8 @@ class BatchSpec:
     # smaller shared-prefix batches for fewer units: a batch of u units takes the smallest of these prefix-row counts
     # b >= u (with batch_size·b/prefix_rows suffix rows, when its rows fit them), else `prefix_rows`. A learner that
     # leaves zero-advantage batches out then runs a round's few leftover groups in a small batch, not a full one,
-    # each size compiled once. () = every batch has `prefix_rows`
+    # each size compiled once. () = every batch has `prefix_rows`. One learner process only (`trajectory_dataset`
+    # refuses several): hosts batching their own shares could pick different sizes for one step's program
     prefix_row_buckets: tuple[int, ...] = ()
 
     def __post_init__(self):

@@ -362,6 +362,10 @@ def trajectory_dataset(source: shards.TrajectorySource, *, spec: batching.BatchS
     if augment is not None and grpo_groups and not getattr(augment, "per_unit", False):
         raise ValueError("augmenting GRPO groups needs one draw per group (e.g. TokenPermutation(per_unit=True)): "
                          "a group's rows share their context")
+    hosts = jax.process_count() if shard_count is None else shard_count
+    if spec.prefix_row_buckets and hosts > 1:
+        raise ValueError(f"BatchSpec.prefix_row_buckets {list(spec.prefix_row_buckets)} with {hosts} hosts: each "
+                         "host would size its own batches, and their steps must run one program; use () there")
     stats = filters.FilterStats() if stats is None else stats
     units = group_records(source) if grpo_groups else [(i,) for i in range(len(source))]
     load = LoadTrajectories(source, spec=spec, vision=vision, config=config, max_length=_max_length(config, spec),

@@ -465,3 +465,18 @@ def test_zero_advantage_groups_go_into_batches_of_their_own(renderer, spec, tmp_
     before = plan(False)  # the default keeps the length order alone: some batch mixes the two kinds
     assert len(before) == 3 and any(0 < np.sum(b["advantages"][b["row_valid"] > 0] == 0) < b["row_valid"].sum()
                                     for b in before)
+
+
+def test_leftover_groups_take_a_smaller_shared_prefix_batch_on_one_host_only(renderer, spec, tmp_path):
+    recordings = [recorded.record(renderer, seed=g, sample_seed=i, group_id=f"g{g}", sample_index=i, turns=1,
+                                  reward=i * i / 4) for g in range(4) for i in range(G)]
+    shards.write_shard(tmp_path / "a-00000.array_record", [t for t, _ in recordings])
+    bucketed = dataclasses.replace(spec, batch_size=3 * G, prefix_rows=3, suffix_buckets=(16, 32),
+                                   prefix_row_buckets=(1,))
+    dataset = pipeline.trajectory_dataset(shards.TrajectorySource(tmp_path), spec=bucketed, vision=recorded.VISION,
+                                          num_epochs=1, shard_index=0, shard_count=1)
+    sizes = sorted((b["prefix_input_ids"].shape[0], b["input_ids"].shape[0]) for b in batches(dataset))
+    assert sizes == [(1, G), (3, 3 * G)]  # 4 groups: a full batch of 3 and one of the 1-group size
+    with pytest.raises(ValueError, match=r"prefix_row_buckets \[1\] with 2 hosts: each host would size its own"):
+        pipeline.trajectory_dataset(shards.TrajectorySource(tmp_path), spec=bucketed, vision=recorded.VISION,
+                                    num_epochs=1, shard_index=0, shard_count=2)
