@@ -25,9 +25,6 @@ import sys
 import time
 from pathlib import Path
 
-FINE = dict(length_buckets=(640, 896, 1152, 1536, 2048, 3072), patch_step=256, image_step=8, prefix_row_buckets=())
-
-
 def _cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
@@ -46,8 +43,10 @@ def replay(run: Path, rounds: int, fine: bool) -> dict:
     tokenizer = tokenizer_lib.load_tokenizer(run / "tokenizer")
     learner = sim_tiny.grpo_learner(config, qwen3_vl.load(run / "sft_policy"))
     spec = sim_tiny.grpo_batch_spec(config, tokenizer)
-    if fine:
-        spec = dataclasses.replace(spec, **FINE)
+    if fine:  # the SFT batches' length buckets and pixel steps, every batch of the full size
+        sft = sim_tiny.batch_spec(tokenizer, spec.batch_size)
+        spec = dataclasses.replace(spec, length_buckets=sft.length_buckets, patch_step=sft.patch_step,
+                                   image_step=sft.image_step, prefix_row_buckets=())
         examples._PIXEL_MEMO = examples._PixelMemo(0)
     augment = sim_tiny.grpo_augmentation(tokenizer, run / "sft_data")
     shapes, steps = set(), []
