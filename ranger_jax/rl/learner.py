@@ -296,13 +296,38 @@ class Learner:
             ValueError: from `check_batch`.
         """
         arrays = self._train_arrays(batch)
-        shapes = tuple(sorted((k, v.shape) for k, v in arrays.items()))
+        shapes = _shape_key(arrays)
         if shapes not in self._shapes:
             self._shapes.add(shapes)
             log.info("learner: compiling the train step for batch shapes %s", dict(shapes))
         with self._mesh_context():
             self.state, metrics = train_step_lib.jit_train_step(self.state, arrays)
         return {k: float(v) for k, v in jax.device_get(metrics).items()}
+
+    def precompile(self, batch: Mapping[str, Any]) -> bool:
+        """Compiles the train step for `batch`'s shapes without running it: nothing is updated.
+
+        The program goes to JAX's persistent compilation cache, where a later `step` on a batch of these shapes, by
+        this learner or another one of the same configuration and model shapes, loads it instead of compiling it
+        again (e.g. the sim-tiny recipe compiles its SFT batches' shapes in a thread while the stages before SFT
+        train). Returns False when this learner has compiled or run these shapes already.
+
+        Raises:
+            ValueError: no persistent compilation cache is configured (`jax_compilation_cache_dir`; the program
+                would be thrown away), or from `check_batch`.
+        """
+        if not jax.config.jax_compilation_cache_dir:
+            raise ValueError("Learner.precompile needs JAX's persistent compilation cache (jax_compilation_cache_dir, "
+                             "e.g. `ranger_jax.compilation_cache.enabled`): without one the program is thrown away")
+        arrays = self._train_arrays(batch)
+        shapes = _shape_key(arrays)
+        if shapes in self._shapes:
+            return False
+        self._shapes.add(shapes)
+        log.info("learner: compiling the train step ahead for batch shapes %s", dict(shapes))
+        with self._mesh_context():
+            train_step_lib.jit_train_step.lower(_abstract(self.state), _abstract(arrays)).compile()
+        return True
 
     def accumulated_step(self, batches: Sequence[Mapping[str, Any]], *, skip_zero_advantage: bool = False
                          ) -> dict[str, float]:
@@ -474,6 +499,17 @@ def _logprobs(graphdef: nnx.GraphDef, params: nnx.State, batch: Mapping[str, jax
     return loss_lib.sequence_logprobs(model, batch["input_ids"], attention_mask=batch["attention_mask"],
                                       pixel_values=batch.get("pixel_values"),
                                       image_grid_thw=batch.get("image_grid_thw"), temperature=temperature)
+
+
+def _shape_key(arrays: Mapping[str, jax.Array]) -> tuple:
+    return tuple(sorted((k, v.shape) for k, v in arrays.items()))
+
+
+def _abstract(tree: Any) -> Any:
+    """`tree`'s arrays as shapes, dtypes and, where committed, shardings: what `jit` keys a program on (an
+    uncommitted array lowers without a sharding, so its abstract twin must carry none)."""
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                                       sharding=x.sharding if x.committed else None), tree)
 
 
 _jit_logprobs = jax.jit(_logprobs, static_argnums=(0, 3))

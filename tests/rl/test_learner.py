@@ -307,3 +307,30 @@ def test_learner_config_errors():
     for bad in (["mlp"], ("model.mlp",), ("",)):
         with pytest.raises(ValueError, match=r"LearnerConfig.frozen must be a tuple of parameter path names"):
             LearnerConfig(frozen=bad)
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+def test_precompile_leaves_a_program_that_another_learners_step_loads(tiny_checkpoint, mesh, tmp_path, sharded):
+    from ranger_jax import compilation_cache
+
+    on = mesh if sharded else None
+    batch = text_batch(9, rows=8, length=40)  # a shape no other test compiles, so nothing is in memory yet
+    with pytest.raises(ValueError, match="persistent compilation cache"):
+        Learner(load(tiny_checkpoint), SFT, mesh=on).precompile(batch)
+    cache = tmp_path / "cache"
+    with compilation_cache.enabled(cache):
+        ahead = Learner(load(tiny_checkpoint), SFT, mesh=on)
+        assert ahead.precompile(batch) and not ahead.precompile(batch)  # the second time: seen already
+        assert ahead.step_count == 0
+        programs = sorted(p.name for p in cache.iterdir() if p.name.startswith("jit_train_step"))
+        assert len(programs) == 1
+        learner = Learner(load(tiny_checkpoint), SFT, mesh=on)
+        loaded = learner.step(batch)
+        # the step found the program: a program of other shapes, shardings or settings would be a second file
+        assert sorted(p.name for p in cache.iterdir() if p.name.startswith("jit_train_step")) == programs
+    plain = Learner(load(tiny_checkpoint), SFT, mesh=on).step(batch)
+    assert loaded["loss"] == pytest.approx(plain["loss"], abs=1e-6)
+    assert loaded["grad_norm"] == pytest.approx(plain["grad_norm"], rel=1e-5)
+    with pytest.raises(ValueError, match="input_ids"):
+        with compilation_cache.enabled(cache):
+            learner.precompile({k: v for k, v in batch.items() if k != "input_ids"})

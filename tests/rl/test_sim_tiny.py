@@ -54,6 +54,7 @@ def test_summary_has_every_score(run):
     assert on_disk["eval_world_seed"] not in on_disk["train_world_seeds"]
     assert on_disk["world_version"] == 1
     assert on_disk["pre_sft"]["copy_warmup"]["repeat_loss"] > 0 and on_disk["config"]["sft_augment"] is True
+    assert on_disk["pre_sft"]["sft_shapes_precompiled"] >= 1  # compiled in a thread during the stages before SFT
     first = on_disk["pre_sft"]["first_turns"]
     assert first["loss"] > 0 and first["steps"] == 3 and first["copy_learned"] is False  # extended to the cap
     assert first["recent_loss"] > MICRO.first_turn_target_loss
@@ -440,6 +441,35 @@ def test_worker_processes_build_and_record_what_one_process_does(tmp_path):
         sim_tiny.SimTinyConfig(workers=-2)
     assert sim_tiny.stage_workers(config) == 1  # 11 tasks: not worth starting processes for, by default
     assert sim_tiny.stage_workers(sim_tiny.SimTinyConfig(workers=3)) == 3
+
+
+def test_sft_steps_load_the_programs_compiled_ahead(run, tmp_path):
+    from ranger_jax import compilation_cache
+    from ranger_jax.processing import tokenizer as tokenizer_lib
+
+    out, _ = run
+    config = dataclasses.replace(MICRO, copy_rehearsal=False, sft_steps=5)  # a schedule no other test compiles
+    tokenizer = tokenizer_lib.load_tokenizer(out / "tokenizer")
+    source = shards.TrajectorySource(out / "sft_data")
+    batches = iter(sim_tiny.sft_dataset(config, tokenizer, source, sim_tiny.sft_augmentation(tokenizer, source)))
+    batches = [next(batches) for _ in range(config.sft_steps)]
+    shapes = {tuple(sorted((k, np.shape(v)) for k, v in b.items())) for b in batches}
+    cache = tmp_path / "cache"
+
+    def programs():
+        return sorted(p.name for p in cache.iterdir() if p.name.startswith("jit_train_step"))
+
+    with compilation_cache.enabled(cache):
+        assert sim_tiny.precompile_sft_steps(config, tokenizer, source) == len(shapes) >= 1
+        ahead = programs()
+        assert len(ahead) == len(shapes)
+        learner = sim_tiny.sft_learner(config, tiny_policy.init_policy(tokenizer, config.size, seed=3), tmp_path / "c")
+        for batch in batches:  # the permuted batches, as SFT trains them: the same shapes
+            learner.step(batch)
+        learner.close()
+        assert programs() == ahead  # every step loaded its program: none was compiled again
+    with pytest.raises(ValueError, match="persistent compilation cache"):
+        sim_tiny.precompile_sft_steps(config, tokenizer, source)
 
 
 def test_a_rerun_reuses_its_worlds_and_refuses_a_folder_holding_other_ones(tmp_path):
