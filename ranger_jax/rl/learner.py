@@ -310,7 +310,9 @@ class Learner:
         The program goes to JAX's persistent compilation cache, where a later `step` on a batch of these shapes, by
         this learner or another one of the same configuration and model shapes, loads it instead of compiling it
         again (e.g. the sim-tiny recipe compiles its SFT batches' shapes in a thread while the stages before SFT
-        train). Returns False when this learner has compiled or run these shapes already.
+        train). Returns False when this learner has compiled or run these shapes already. The batch is checked and
+        placed as for a step (a learner with a KL term also computes its reference log-probs, which the program
+        takes).
 
         Raises:
             ValueError: no persistent compilation cache is configured (`jax_compilation_cache_dir`; the program
