@@ -35,11 +35,11 @@ the real episodes, but the trajectories' tokens hide what the tools returned.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import json
 import sys
-import threading
 import time
 import tomllib
 from pathlib import Path
@@ -711,28 +711,6 @@ def precompile_sft_steps(config: SimTinyConfig, tokenizer: Any, source: shards.T
     return sum(learner.precompile(next(batches)) for _ in range(config.sft_steps))
 
 
-class _InThread:
-    """`fn(*args)` in a daemon thread, started now; `result()` waits and returns it or raises its error."""
-
-    def __init__(self, fn: Any, *args: Any):
-        self._result: Any = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._call, args=(fn, args), daemon=True)
-        self._thread.start()
-
-    def _call(self, fn: Any, args: tuple) -> None:
-        try:
-            self._result = fn(*args)
-        except BaseException as error:  # handed to the caller by result()
-            self._error = error
-
-    def result(self) -> Any:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        return self._result
-
-
 def grpo_learner(config: SimTinyConfig, model: Any) -> learner_lib.Learner:
     """The GRPO learner: constant learning rate, π_old = the learner before the update, TIS for stale samples."""
     settings = learner_config.LearnerConfig(objective="grpo", learning_rate=config.grpo_learning_rate,
@@ -843,11 +821,12 @@ def run_sft(config: SimTinyConfig, tokenizer: Any, data_dir: Path, out: Path,
     if checkpoint_dir.exists() and any(checkpoint_dir.iterdir()):  # a resumed SFT run skips the stages before it
         model, stages = tiny_policy.init_policy(tokenizer, config.size, seed=config.seed), {}
     else:
-        ahead = _InThread(precompile_sft_steps, config, tokenizer, source) if jax.config.jax_compilation_cache_dir \
-            else None
-        model, stages = pre_sft(config, tokenizer, source, permutation, metrics)
-        if ahead is not None:
-            stages["sft_shapes_precompiled"] = ahead.result()
+        with concurrent.futures.ThreadPoolExecutor(1) as thread:
+            ahead = thread.submit(precompile_sft_steps, config, tokenizer, source) \
+                if jax.config.jax_compilation_cache_dir else None
+            model, stages = pre_sft(config, tokenizer, source, permutation, metrics)
+            if ahead is not None:
+                stages["sft_shapes_precompiled"] = ahead.result()
     learner = sft_learner(config, model, checkpoint_dir)
     dataset = sft_dataset(config, tokenizer, source, permutation)
     rehearsal = None
