@@ -111,19 +111,32 @@ def _page_rows(world_plan: plan_v2.WorldPlan, image_rows: list[dict], layouts: d
     return rows
 
 
-def _best_picture(target: Entity, image_rows: list[dict]) -> dict:
-    """The downloadable picture where `target` stands unhidden and fills the largest share: {url, file, box}."""
+def _good_shots(image_rows: list[dict]) -> dict[str, list[tuple[dict, dict]]]:
+    """entity id -> the (row, object) pairs of the downloadable photos where it stands unhidden, in picture order.
+
+    Built once per world: a scan of every picture per target made tasks.jsonl quadratic in the world's size
+    (most of a 960-task world's build)."""
+    shots: dict[str, list[tuple[dict, dict]]] = {}
+    for row in image_rows:
+        if row.get("error") is None and row["kind"] == "photo":
+            for obj in row["objects"]:
+                if obj["visible"] >= GOOD_VISIBLE:
+                    shots.setdefault(obj["entity_id"], []).append((row, obj))
+    return shots
+
+
+def _best_picture(target: Entity, shots: dict[str, list[tuple[dict, dict]]]) -> dict:
+    """The downloadable picture where `target` stands unhidden and fills the largest share: {url, file, box}
+    (the first such picture on a tie)."""
     def share(row: dict, obj: dict) -> float:
         return world.box_area(obj["box"]) / (row["width"] * row["height"])
 
-    shots = [(row, obj) for row in image_rows if row.get("error") is None and row["kind"] == "photo"
-             for obj in row["objects"] if obj["entity_id"] == target.id and obj["visible"] >= GOOD_VISIBLE]
-    row, obj = max(shots, key=lambda s: share(*s))
+    row, obj = max(shots.get(target.id, []), key=lambda s: share(*s))
     return {"image_url": row["url"], "image_file": row["file"], "bbox": obj["box"]}
 
 
-def _task_row(index: int, task: plan_v2.Task, world_plan: plan_v2.WorldPlan, image_rows: list[dict],
-              rng: random.Random) -> dict:
+def _task_row(index: int, task: plan_v2.Task, world_plan: plan_v2.WorldPlan,
+              shots: dict[str, list[tuple[dict, dict]]], rng: random.Random) -> dict:
     """A row of tasks.jsonl: the request (from `rng`), the targets, their pictures and what tells them apart."""
     families = [world_plan.families[f] for f in task.families]
     targets = [roles["target"] for roles in families]
@@ -132,7 +145,7 @@ def _task_row(index: int, task: plan_v2.Task, world_plan: plan_v2.WorldPlan, ima
     prompt = requests.request_text(phrases, rng.choice(plan.SUBCATEGORY[targets[0].subcategory].contexts), rng)
     key = list(dict.fromkeys(v for t in targets for v in t.attributes.as_dict().values()))
     sibling_only = sorted({v for s in siblings for v in s.attributes.as_dict().values()} - set(key))
-    pictures = [_best_picture(t, image_rows) for t in targets]
+    pictures = [_best_picture(t, shots) for t in targets]
     return {
         "id": f"task_{index:04d}", "prompt": prompt, "target_id": targets[0].id, "target_ids": [t.id for t in targets],
         "target_name": pages_v2.full_name(targets[0]), "target_names": [pages_v2.full_name(t) for t in targets],
@@ -155,7 +168,8 @@ def world_files(num_tasks: int, seed: int, *, split_side: str | None, progress: 
     _assign_image_urls(world_plan, seed)
     image_rows, files = _render_images(world_plan, seed, rng, progress)
     page_rows = _page_rows(world_plan, image_rows, layouts, rng)
-    task_rows = [_task_row(i, t, world_plan, image_rows, rng) for i, t in enumerate(world_plan.tasks)]
+    shots = _good_shots(image_rows)
+    task_rows = [_task_row(i, t, world_plan, shots, rng) for i, t in enumerate(world_plan.tasks)]
     entity_rows = sorted((e.to_row() for e in world_plan.entities), key=lambda r: r["id"])
     for name, rows in ((world.ENTITIES_FILE, entity_rows), (world.PAGES_FILE, page_rows),
                        (world.IMAGES_FILE, image_rows), (world.TASKS_FILE, task_rows)):
