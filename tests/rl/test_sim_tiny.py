@@ -7,6 +7,7 @@ import json
 import os
 import re
 import runpy
+import shutil
 import sys
 import types
 from pathlib import Path
@@ -488,6 +489,26 @@ def test_a_rerun_reuses_its_worlds_and_refuses_a_folder_holding_other_ones(tmp_p
         json.dumps({**json.loads((worlds["grpo"] / "world.json").read_text()), "seed": 7}))
     with pytest.raises(ValueError, match=r"grpo-500 holds another world than this run's: seed 7 \(wanted 500\)"):
         sim_tiny.build_worlds(config, tmp_path / "worlds")
+
+
+def test_a_rerun_starts_grpo_again_without_the_earlier_attempts_rounds(run, tmp_path, capsys):
+    # a rerun of a run folder resumes SFT (nothing left to do) and starts GRPO again from the SFT policy: the first
+    # attempt's actor metrics and shards would otherwise pass for this attempt's rounds
+    first_out, first = run
+    out = tmp_path / "again"
+    shutil.copytree(first_out, out)
+    summary = sim_tiny.run(MICRO, out)
+    assert "removing the earlier attempt's" in capsys.readouterr().err
+    assert summary["sft_reward"] == first["sft_reward"]
+    assert summary["grpo"]["num_steps"] == 2
+    assert summary["grpo"]["final_version"] == first["grpo"]["final_version"]
+    names = sorted(p.name for p in shards.list_shards(out / "grpo_shards"))
+    assert names == sorted(p.name for p in shards.list_shards(first_out / "grpo_shards"))  # rounds 0 and 1 again
+    for path in (out / "metrics").glob("actor*.jsonl"):
+        assert [json.loads(line)["round"] for line in path.read_text().splitlines()] == [0, 1]
+    def ids(folder):
+        return sorted((t.group_id, t.policy_version, round(t.reward, 6)) for t in _records(folder))
+    assert ids(out / "grpo_shards") == ids(first_out / "grpo_shards")
 
 
 def test_sft_recipe_trains_and_resumes_from_the_run_outputs(run, tmp_path, capsys):
