@@ -115,7 +115,7 @@ def _good_shots(image_rows: list[dict]) -> dict[str, list[tuple[dict, dict]]]:
     """entity id -> the (row, object) pairs of the downloadable photos where it stands unhidden, in picture order.
 
     Built once per world: a scan of every picture per target made tasks.jsonl quadratic in the world's size
-    (most of a 960-task world's build)."""
+    (~30% of a 960-task world's build: 65 s of CPU against 46)."""
     shots: dict[str, list[tuple[dict, dict]]] = {}
     for row in image_rows:
         if row.get("error") is None and row["kind"] == "photo":
