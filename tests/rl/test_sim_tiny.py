@@ -506,9 +506,9 @@ def test_a_rerun_starts_grpo_again_without_the_earlier_attempts_rounds(run, tmp_
     assert names == sorted(p.name for p in shards.list_shards(first_out / "grpo_shards"))  # rounds 0 and 1 again
     for path in (out / "metrics").glob("actor*.jsonl"):
         assert [json.loads(line)["round"] for line in path.read_text().splitlines()] == [0, 1]
-    def ids(folder):
-        return sorted((t.group_id, t.policy_version, round(t.reward, 6)) for t in _records(folder))
-    assert ids(out / "grpo_shards") == ids(first_out / "grpo_shards")
+    played = [sorted((t.group_id, t.policy_version, round(t.reward, 6)) for t in _records(folder / "grpo_shards"))
+              for folder in (out, first_out)]
+    assert played[0] == played[1]
 
 
 def test_sft_recipe_trains_and_resumes_from_the_run_outputs(run, tmp_path, capsys):
