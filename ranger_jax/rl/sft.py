@@ -51,7 +51,7 @@ class SftResult:
 def train(learner: learner_lib.Learner, dataset: Iterable[dict[str, Any]], *, num_steps: int,
           metrics: metrics_lib.MetricsWriter | None = None, checkpoint_every: int | None = None,
           resume: bool = False, progress: bool = True, log_prefix: str = "sft",
-          rehearsal: Iterator[dict[str, Any]] | None = None) -> SftResult:
+          rehearsal: Iterator[dict[str, Any]] | None = None, stop_below: float | None = None) -> SftResult:
     """Runs `learner` (objective "sft") until it has taken `num_steps` SFT updates in total.
 
     Args:
@@ -68,6 +68,8 @@ def train(learner: learner_lib.Learner, dataset: Iterable[dict[str, Any]], *, nu
             policy's copying, learned in the copy warm-up, is gone after 600 plain SFT steps). Its loss is logged
             as `<log_prefix>/rehearsal_loss`; the learner then takes two updates per SFT step (the learning-rate
             schedule should count both).
+        stop_below: stop before `num_steps` once the mean loss of the last `RECENT_STEPS` steps (a full window) is
+            at or below this (None: never); the stop is saved as a checkpoint when `checkpoint_every` is set.
 
     Raises:
         ValueError: a learner whose objective is not "sft", or a dataset that runs out before `num_steps`.
@@ -106,12 +108,16 @@ def train(learner: learner_lib.Learner, dataset: Iterable[dict[str, Any]], *, nu
             bar.set_postfix(loss=f"{last['loss']:.4f}")
             if metrics is not None:
                 metrics.write(step, {f"{log_prefix}/{k}": v for k, v in last.items()})
-            if checkpoint_every and (step % checkpoint_every == 0 or step == num_steps):
+            stop = (stop_below is not None and len(recent) == RECENT_STEPS
+                    and sum(recent) / RECENT_STEPS <= stop_below)
+            if checkpoint_every and (step % checkpoint_every == 0 or step == num_steps or stop):
                 state = {"data": iterator.get_state() if hasattr(iterator, "get_state") else None,
                          RECENT_KEY: list(recent)}
                 if rehearsal is not None and hasattr(rehearsal, "get_state"):
                     state[REHEARSAL_KEY] = rehearsal.get_state()
                 learner.save(data_state=state, force=True)
+            if stop:
+                break
     wall = time.monotonic() - started
     done = learner.step_count // per_step
     return SftResult(num_steps=done, last=last, wall_s=wall,

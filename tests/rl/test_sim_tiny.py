@@ -341,10 +341,14 @@ class _ScriptedLearner:
         return {"loss": self.loss(self.step_count), "tokens": 1.0}
 
 
-@pytest.mark.parametrize("learned_at, steps, learned", [(100, 700, True), (745, 800, True), (1030, 1100, True),
-                                                        (None, 1400, False)])
-def test_first_turns_go_on_until_the_copy_is_learned(learned_at, steps, learned, capsys):
-    config = dataclasses.replace(MICRO, first_turn_steps=700, first_turn_max_steps=1400, first_turn_target_loss=0.05)
+@pytest.mark.parametrize("stop, learned_at, steps, learned", [
+    (None, 100, 700, True), (None, 745, 800, True), (None, 1030, 1100, True), (None, None, 1400, False),
+    # stopped once the 50 last steps' mean is at or below `first_turn_stop_loss`: the 50th step of loss 0.01
+    (0.02, 100, 149, True), (0.02, 745, 794, True), (0.02, 1030, 1079, True), (0.02, None, 1400, False),
+    (0.005, 100, 700, True)])  # never that low: the stage's steps
+def test_first_turns_go_on_until_the_copy_is_learned(stop, learned_at, steps, learned, capsys):
+    config = dataclasses.replace(MICRO, first_turn_steps=700, first_turn_max_steps=1400, first_turn_target_loss=0.05,
+                                 first_turn_stop_loss=stop)
     learner = _ScriptedLearner(lambda s: 0.01 if learned_at is not None and s >= learned_at else 1.2)
     result = sim_tiny.train_first_turns(config, learner, iter(lambda: {}, None), metrics=None)
     assert (result["steps"], result["copy_learned"], learner.step_count) == (steps, learned, steps)
@@ -361,6 +365,10 @@ def test_first_turns_go_on_until_the_copy_is_learned(learned_at, steps, learned,
         dataclasses.replace(config, first_turn_max_steps=600)
     with pytest.raises(ValueError, match="first_turn_target_loss must be a number > 0; got 0"):
         dataclasses.replace(config, first_turn_target_loss=0)
+    for bad in (0, 0.06, True, "0.02"):
+        with pytest.raises(ValueError, match=r"first_turn_stop_loss must be None or a number in \(0, "
+                                             r"first_turn_target_loss=0.05\]; got"):
+            dataclasses.replace(config, first_turn_stop_loss=bad)
 
 
 def test_sft_goes_on_while_above_its_target_on_a_grid_of_extensions():
