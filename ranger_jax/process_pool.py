@@ -46,14 +46,34 @@ class JobPool:
     def __enter__(self) -> "JobPool":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, *exc) -> None:
+        self.close(wait=exc_type is None)  # a block left by an exception does not wait for submitted jobs
 
     def close(self, *, wait: bool = True) -> None:
-        """Stops the worker processes (a later `run` starts new ones); `wait=False` does not wait for running jobs."""
+        """Stops the worker processes (a later `run` starts new ones) once every submitted job has run; `wait=False`
+        cancels the jobs not started and does not wait for running ones."""
         if self._executor is not None:
-            self._executor.shutdown(wait=wait, cancel_futures=True)
+            self._executor.shutdown(wait=wait, cancel_futures=not wait)
             self._executor = None
+
+    def submit(self, fn: Callable[..., Any], *args: Any, label: str = "job") -> "PendingJob":
+        """Starts `fn(*args)` on a worker and returns at once; `.result()` waits for it. Jobs start in the order
+        they are submitted (those of a later `run` included), so a long job submitted first keeps one worker while
+        the others take the jobs after it. With one worker it runs here, now.
+
+        A failure is raised by `.result()` as `RuntimeError` naming `label`; jobs still pending when the pool is
+        closed run to the end first (`close(wait=True)`), so a result can be read after the pool's `with` block."""
+        pending = concurrent.futures.Future()
+        if self.workers <= 1:
+            try:
+                pending.set_result(fn(*args))
+            except Exception as error:
+                pending.set_exception(error)
+            return PendingJob(pending, label)
+        if self._executor is None:
+            self._executor = concurrent.futures.ProcessPoolExecutor(
+                max_workers=self.workers, mp_context=multiprocessing.get_context("spawn"))
+        return PendingJob(self._executor.submit(fn, *args), label)
 
     def run(self, fn: Callable[..., Any], jobs: Sequence[tuple], *, labels: Sequence[str] | None = None,
             costs: Sequence[float] | None = None, desc: str = "jobs", progress: bool = True) -> list[Any]:
@@ -112,6 +132,34 @@ class JobPool:
                 self.close(wait=False)
                 raise
         return results
+
+
+class PendingJob:
+    """A job `JobPool.submit` started: `result()` waits for its value."""
+
+    def __init__(self, future: concurrent.futures.Future, label: str):
+        self._future, self.label = future, label
+
+    def done(self) -> bool:
+        return self._future.done()
+
+    def result(self) -> Any:
+        """The job's value.
+
+        Raises:
+            RuntimeError: naming the job, with the worker's exception as its cause (or the pool that broke, or was
+                closed without waiting for the job).
+        """
+        try:
+            return self._future.result()
+        except BrokenProcessPool as error:
+            raise RuntimeError(f"a worker process died during job {self.label}: killed, out of memory, or the main "
+                               f"script started this at import time (guard it with `if __name__ == "
+                               f"\"__main__\":`)") from error
+        except concurrent.futures.CancelledError as error:
+            raise RuntimeError(f"job {self.label} was cancelled: its pool was closed before it ran") from error
+        except Exception as error:
+            raise RuntimeError(f"job {self.label} failed: {error}") from error
 
 
 def run_jobs(fn: Callable[..., Any], jobs: Sequence[tuple], *, workers: int = 0,

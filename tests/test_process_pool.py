@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -34,6 +35,25 @@ def test_one_pool_keeps_its_workers_across_runs():
     workers = set(first) | set(second)
     assert os.getpid() not in workers and len(workers) <= 2  # no process was started for the second run
     assert pool._executor is None  # closed with the block
+
+
+def test_a_submitted_job_keeps_one_worker_while_runs_use_the_others():
+    with process_pool.JobPool(2) as pool:
+        slow = pool.submit(time.sleep, 4, label="the long one")
+        pids = pool.run(os.getpid, [()] * 4, progress=False)
+        assert not slow.done() and len(set(pids)) == 1  # every job of the run went to the other worker
+        squared = pool.submit(pow, 2, 10)
+    assert slow.done() and slow.result() is None  # closing the pool waited for it
+    assert squared.result() == 1024  # the result outlives the pool
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_submitted_job_that_fails_is_named(workers):
+    with process_pool.JobPool(workers) as pool:
+        failing = pool.submit(divmod, 1, 0, label="the division")
+    with pytest.raises(RuntimeError, match="job the division failed: .*division") as caught:
+        failing.result()
+    assert isinstance(caught.value.__cause__, ZeroDivisionError)
 
 
 def test_bad_arguments_are_named():

@@ -457,11 +457,15 @@ def _build_world(folder: Path, num_tasks: int, seed: int, world_version: int) ->
     build.build_world(folder, num_tasks=num_tasks, seed=seed, world_version=world_version)
 
 
-def build_worlds(config: SimTinyConfig, root: Path, *, pool: process_pool.JobPool | None = None) -> dict[str, Any]:
+def build_worlds(config: SimTinyConfig, root: Path, *, pool: process_pool.JobPool | None = None,
+                 grpo_in_background: bool = False) -> dict[str, Any]:
     """Builds (or reuses) every world of the run; returns {"sft": [dirs], "grpo": dir, "eval": dir}.
 
     Worlds are built on `pool` (default: `stage_workers(config)` processes), one job per world (each depends on its
-    seed alone). A world already in `root` is reused when it is the one the config asks for.
+    seed alone). A world already in `root` is reused when it is the one the config asks for. With
+    `grpo_in_background` (and a `pool`) the GRPO world, the largest, is submitted first and not waited for: the
+    result's "grpo_job" is its `PendingJob` (None when there was nothing to build), whose `result()` must return
+    before the GRPO world is read. The work after the other worlds then fills the core it would leave idle.
 
     Raises:
         ValueError: a folder of `root` holds another world (its seed, task count or generation differs from the
@@ -478,12 +482,18 @@ def build_worlds(config: SimTinyConfig, root: Path, *, pool: process_pool.JobPoo
         elif differ := world.differences(root / name, seed=seed, num_tasks=n, world_version=config.world_version):
             raise ValueError(f"{root / name} holds another world than this run's: {', '.join(differ)}; run "
                              "into a new output folder (this one's data and checkpoints were made from that world)")
+    grpo_name, grpo_job = f"grpo-{config.grpo_seed()}", None
+    if grpo_in_background and pool is not None and any(name == grpo_name for name, _, _ in todo):
+        grpo_job = pool.submit(_build_world, root / grpo_name, config.grpo_tasks, config.grpo_seed(),
+                               config.world_version, label=f"world {grpo_name}")
+        todo = [job for job in todo if job[0] != grpo_name]
     process_pool.run_jobs(_build_world, [(root / name, n, seed, config.world_version) for name, seed, n in todo],
                           workers=stage_workers(config), pool=pool, labels=[f"world {name}" for name, _, _ in todo],
                           costs=[n for _, _, n in todo], desc="worlds", progress=config.progress)
     out = {name: root / name for name, _, _ in plan}
-    return {"sft": [out[f"sft-{s}"] for s in config.sft_seeds()], "grpo": out[f"grpo-{config.grpo_seed()}"],
-            "eval": out[f"eval-{config.eval_seed()}"]}
+    built = {"sft": [out[f"sft-{s}"] for s in config.sft_seeds()], "grpo": out[grpo_name],
+             "eval": out[f"eval-{config.eval_seed()}"]}
+    return {**built, "grpo_job": grpo_job} if grpo_in_background else built
 
 
 def _texts(state: Any) -> list[str]:
@@ -962,6 +972,17 @@ def run_grpo(config: SimTinyConfig, model: Any, tokenizer_dir: Path, env_file: P
     return learner, result
 
 
+def scripted_scores(config: SimTinyConfig, eval_world: Path) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """What the run reports that needs no policy: `evaluate_scripted` on the held-out world and the `find_object`
+    tool's accuracy there (pure Python: `_run` plays it on a worker while the worlds and teacher stages use the
+    other)."""
+    from ranger_jax.env.backends import offline
+
+    finder = offline.OfflineBackend(eval_world).object_finder
+    accuracy = perception.accuracy_on_world(world.load_world(eval_world), eval_world, finder)
+    return evaluate_scripted(config, eval_world), accuracy
+
+
 def evaluate_scripted(config: SimTinyConfig, eval_world: Path) -> dict[str, dict[str, Any]]:
     """Naive, teacher and oracle-expert summaries on the held-out world (the teacher in the run's env)."""
     from ranger_jax.env.sim import savanna
@@ -1007,8 +1028,13 @@ def _run(config: SimTinyConfig, out: Path, actor_env: dict[str, str]) -> dict[st
     started, timings = time.monotonic(), {}
     env_file = write_env_file(config, out / ENV_FILE)
     with process_pool.JobPool(stage_workers(config)) as pool:  # one set of workers for the pure-Python stages
+        # the GRPO world, the largest, builds on one worker while the other builds the rest and then plays the
+        # scripted agents and the teacher; the stage's time is counted under "worlds" up to the others' end and
+        # under "teacher_data" after
         with timed(timings, "worlds"):
-            worlds = build_worlds(config, out / "worlds", pool=pool)
+            worlds = build_worlds(config, out / "worlds", pool=pool, grpo_in_background=True)
+        scripted_job = pool.submit(scripted_scores, dataclasses.replace(config, progress=False), worlds["eval"],
+                                   label="scripted agents on the held-out world")
         with timed(timings, "teacher_data"):
             tokenizer_dir = out / "tokenizer"
             tokenizer = train_tokenizer(config, worlds["sft"], tokenizer_dir, pool=pool)
@@ -1016,6 +1042,8 @@ def _run(config: SimTinyConfig, out: Path, actor_env: dict[str, str]) -> dict[st
             teacher_stats = {}
             if not (data_dir.exists() and shards.list_shards(data_dir)):  # a rerun of the folder reuses its data
                 teacher_stats = record_teacher(config, worlds["sft"], tokenizer, data_dir, pool=pool)
+            if worlds["grpo_job"] is not None:
+                worlds["grpo_job"].result()
     with metrics_lib.MetricsWriter(out / "metrics") as metrics:
         with timed(timings, "sft"):
             learner, sft_result, pre_sft = run_sft(config, tokenizer, data_dir, out, metrics)
@@ -1035,11 +1063,7 @@ def _run(config: SimTinyConfig, out: Path, actor_env: dict[str, str]) -> dict[st
             final_model = sft_model
     policy_dir = export_policy(config, final_model, out / "policy", tokenizer_dir, env_file)
     with timed(timings, "eval"):
-        from ranger_jax.env.backends import offline
-
-        finder = offline.OfflineBackend(worlds["eval"]).object_finder
-        perception_accuracy = perception.accuracy_on_world(world.load_world(worlds["eval"]), worlds["eval"], finder)
-        scripted = evaluate_scripted(config, worlds["eval"])
+        scripted, perception_accuracy = scripted_job.result()
         grpo_eval = evaluate_policy(config, policy_dir, worlds["eval"], trajectories_out=out / "eval_grpo.array_record")
     summary: dict[str, Any] = {
         "preset": "sim-tiny", "seed": config.seed, "blind": config.blind,

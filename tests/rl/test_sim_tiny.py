@@ -436,11 +436,23 @@ def test_worker_processes_build_and_record_what_one_process_does(tmp_path):
     for workers in (1, 2):
         root, run_config = tmp_path / f"workers{workers}", dataclasses.replace(config, workers=workers)
         with process_pool.JobPool(workers) as pool:
-            worlds = sim_tiny.build_worlds(run_config, root / "worlds", pool=pool)
+            # with two workers as the run does it: the GRPO world on one of them while the other goes on
+            worlds = sim_tiny.build_worlds(run_config, root / "worlds", pool=pool, grpo_in_background=workers == 2)
+            scripted = pool.submit(sim_tiny.scripted_scores, run_config, worlds["eval"])
             tokenizer = sim_tiny.train_tokenizer(run_config, worlds["sft"], root / "tok", pool=pool)
             stats = sim_tiny.record_teacher(run_config, worlds["sft"], tokenizer, root / "data", pool=pool)
-        made[workers] = (_files(root / "worlds"), _files(root / "tok"), stats, _records(root / "data"))
-    (worlds_one, tok_one, stats_one, records_one), (worlds_two, tok_two, stats_two, records_two) = made[1], made[2]
+            if workers == 2:
+                assert worlds["grpo_job"].result() is None
+        made[workers] = (_files(root / "worlds"), _files(root / "tok"), stats, _records(root / "data"),
+                         scripted.result())
+    (worlds_one, tok_one, stats_one, records_one, scripted_one), (worlds_two, tok_two, stats_two, records_two,
+                                                                  scripted_two) = made[1], made[2]
+    def placeless(scores):  # each summary names the folder of its world
+        return {name: {k: v for k, v in summary.items() if k != "world"} for name, summary in scores[0].items()}
+
+    assert placeless(scripted_one) == placeless(scripted_two) and scripted_one[1] == scripted_two[1]
+    assert scripted_one[0]["expert"]["num_tasks"] == 2
+    assert any(name.startswith("grpo-") for name in worlds_two)
     assert worlds_one == worlds_two and len(worlds_one) > 5  # byte for byte
     assert tok_one == tok_two
     assert stats_one == stats_two and stats_one["teacher_episodes"] == 6
