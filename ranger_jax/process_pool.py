@@ -141,6 +141,7 @@ class PendingJob:
         self._future, self.label = future, label
 
     def done(self) -> bool:
+        """Whether the job has ended (its result or its failure is in)."""
         return self._future.done()
 
     def result(self) -> Any:
