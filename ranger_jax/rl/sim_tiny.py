@@ -5,13 +5,15 @@ Stages (each with a progress bar), all under one output folder:
 1. **Worlds.** Offline worlds from seeds derived from `seed`: several for SFT data, one for GRPO, and one held out
    for evaluation (a seed no training world uses: worlds draw their entity families first, so a smaller world of
    a training seed would share targets with it). Stages 1-2 are pure Python and run on `workers` processes, one
-   job per world, with the same outputs as one process.
+   job per world, with the same outputs as one process; the GRPO world, the largest, builds on one of them while
+   the others go on with the rest, including the scripted agents' held-out scores of stage 5.
 2. **Teacher data.** A scripted teacher that perceives only through tools (`env.sim.finder_agent.SnippetAgent`)
    plays the SFT worlds; its texts train the policy's compact tokenizer, then its episodes are recorded
    token-exactly as trajectory shards.
 3. **SFT.** A small Qwen3-VL-shaped policy (`rl.tiny_policy`, tied embeddings, a date-only system prompt) is
    trained from scratch: a copy warm-up on repeated random tokens (`rl.copy_warmup`), then the first turns of the
-   teacher's episodes (`data.first_turns`), then whole episodes. Every content word — names, colours, scenes;
+   teacher's episodes (`data.first_turns`; stopped once their loss shows the policy copies), then whole
+   episodes. Every content word — names, colours, scenes;
    not the system prompt, the templates of the teacher's turns or the words it only reads — is permuted
    consistently through each row (`data.augment.content_words`): without it the policy memorises the training
    requests instead of copying from what it reads, and scores 0 on unseen tasks (`docs/sim_tiny.md`).
