@@ -81,8 +81,8 @@ MIN_TASKS_FOR_WORKERS = 100
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SimTinyConfig:
-    """Everything the sim-tiny run decides (defaults, measured: about 20 minutes on 2 CPU cores on a fast day and
-    28-34 on a slow one when SFT takes its usual steps; each SFT extension adds 5-8)."""
+    """Everything the sim-tiny run decides (defaults, measured on 2 CPU cores: 19-23 minutes when SFT takes its
+    usual steps, by the day's speed; a first-turn restart adds ~2.5, each SFT extension 5-8)."""
 
     seed: int = 0
     # worlds
