@@ -70,10 +70,14 @@ class JobPool:
             except Exception as error:
                 pending.set_exception(error)
             return PendingJob(pending, label)
+        return PendingJob(self._started().submit(fn, *args), label)
+
+    def _started(self) -> concurrent.futures.ProcessPoolExecutor:
+        """The pool's executor, started on first use (spawned workers: see the module docstring)."""
         if self._executor is None:
             self._executor = concurrent.futures.ProcessPoolExecutor(
                 max_workers=self.workers, mp_context=multiprocessing.get_context("spawn"))
-        return PendingJob(self._executor.submit(fn, *args), label)
+        return self._executor
 
     def run(self, fn: Callable[..., Any], jobs: Sequence[tuple], *, labels: Sequence[str] | None = None,
             costs: Sequence[float] | None = None, desc: str = "jobs", progress: bool = True) -> list[Any]:
@@ -110,21 +114,17 @@ class JobPool:
                         raise RuntimeError(f"{desc}: job {labels[i]} failed: {error}") from error
                     bar.update()
                 return results
-            if self._executor is None:
-                self._executor = concurrent.futures.ProcessPoolExecutor(
-                    max_workers=self.workers, mp_context=multiprocessing.get_context("spawn"))
+            executor = self._started()
             order = sorted(range(len(jobs)), key=lambda i: -costs[i]) if costs is not None else range(len(jobs))
-            futures = {self._executor.submit(fn, *jobs[i]): i for i in order}
+            futures = {executor.submit(fn, *jobs[i]): i for i in order}
             try:
                 for future in concurrent.futures.as_completed(futures):
                     i = futures[future]
                     try:
                         results[i] = future.result()
                     except BrokenProcessPool as error:
-                        raise RuntimeError(
-                            f"{desc}: a worker process died during job {labels[i]}: killed, out of memory, or the "
-                            f"main script started this at import time (spawned workers import it: guard it with "
-                            f"`if __name__ == \"__main__\":`); workers=1 runs every job in this process") from error
+                        raise RuntimeError(f"{desc}: {_worker_died(labels[i])}; workers=1 runs every job in this "
+                                           f"process") from error
                     except Exception as error:
                         raise RuntimeError(f"{desc}: job {labels[i]} failed in a worker process: {error}") from error
                     bar.update()
@@ -132,6 +132,11 @@ class JobPool:
                 self.close(wait=False)
                 raise
         return results
+
+
+def _worker_died(label: str) -> str:
+    return (f"a worker process died during job {label}: killed, out of memory, or the main script started this at "
+            f"import time (spawned workers import it: guard it with `if __name__ == \"__main__\":`)")
 
 
 class PendingJob:
@@ -154,9 +159,7 @@ class PendingJob:
         try:
             return self._future.result()
         except BrokenProcessPool as error:
-            raise RuntimeError(f"a worker process died during job {self.label}: killed, out of memory, or the main "
-                               f"script started this at import time (guard it with `if __name__ == "
-                               f"\"__main__\":`)") from error
+            raise RuntimeError(_worker_died(self.label)) from error
         except concurrent.futures.CancelledError as error:
             raise RuntimeError(f"job {self.label} was cancelled: its pool was closed before it ran") from error
         except Exception as error:

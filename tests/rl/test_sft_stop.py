@@ -1,23 +1,9 @@
 """`sft.train(stop_below=...)`: stops once the mean loss of a full window of recent steps is low enough, saved."""
 
 import pytest
+from support.scripted_learner import ScriptedLearner
 
 from ranger_jax.rl import sft
-
-
-class ScriptedLearner:
-    """An SFT learner whose loss at step s is `loss(s)`, recording the steps it saved at."""
-
-    def __init__(self, loss):
-        self.config = type("Config", (), {"objective": "sft"})()
-        self.checkpoints, self.step_count, self.loss, self.saved = None, 0, loss, []
-
-    def step(self, batch):
-        self.step_count += 1
-        return {"loss": self.loss(self.step_count), "tokens": 1.0}
-
-    def save(self, *, data_state, force):
-        self.saved.append((self.step_count, len(data_state[sft.RECENT_KEY])))
 
 
 def batches():

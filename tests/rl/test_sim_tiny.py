@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from support.scripted_learner import ScriptedLearner
 
 from ranger_jax import cpu_affinity, process_pool
 from ranger_jax.data import shards, shared_prefix
@@ -329,18 +330,6 @@ def test_default_grpo_draws_uncertain_tokens_in_large_steps_and_trains_attention
         (8, 6, 1.0, 0, ())
 
 
-class _ScriptedLearner:
-    """An SFT learner whose loss at step s is `loss(s)` (the first-turn stage's control flow, without a model)."""
-
-    def __init__(self, loss):
-        self.config = type("Config", (), {"objective": "sft"})()
-        self.checkpoints, self.step_count, self.loss = None, 0, loss
-
-    def step(self, batch):
-        self.step_count += 1
-        return {"loss": self.loss(self.step_count), "tokens": 1.0}
-
-
 @pytest.mark.parametrize("stop, learned_at, steps, learned", [
     (None, 100, 700, True), (None, 745, 800, True), (None, 1030, 1100, True), (None, None, 1400, False),
     # stopped once the 50 last steps' mean is at or below `first_turn_stop_loss`: the 50th step of loss 0.01
@@ -349,14 +338,14 @@ class _ScriptedLearner:
 def test_first_turns_go_on_until_the_copy_is_learned(stop, learned_at, steps, learned, capsys):
     config = dataclasses.replace(MICRO, first_turn_steps=700, first_turn_max_steps=1400, first_turn_target_loss=0.05,
                                  first_turn_stop_loss=stop)
-    learner = _ScriptedLearner(lambda s: 0.01 if learned_at is not None and s >= learned_at else 1.2)
+    learner = ScriptedLearner(lambda s: 0.01 if learned_at is not None and s >= learned_at else 1.2)
     result = sim_tiny.train_first_turns(config, learner, iter(lambda: {}, None), metrics=None)
     assert (result["steps"], result["copy_learned"], learner.step_count) == (steps, learned, steps)
     assert result["recent_loss"] == pytest.approx(0.01 if learned else 1.2)
     err = capsys.readouterr().err
     assert ("training to step 800" in err) == (steps > 700)
     assert ("warning: first turns end at mean loss 1.200 after 1400 steps" in err) == (not learned)
-    unextended = sim_tiny.train_first_turns(config, _ScriptedLearner(lambda s: 1.2), iter(lambda: {}, None),
+    unextended = sim_tiny.train_first_turns(config, ScriptedLearner(lambda s: 1.2), iter(lambda: {}, None),
                                             metrics=None, extend=False)
     assert (unextended["steps"], unextended["copy_learned"]) == (700, False) and not capsys.readouterr().err
     with pytest.raises(ValueError, match="pre_sft_attempts must be at least 1; got 0"):
@@ -447,10 +436,9 @@ def test_worker_processes_build_and_record_what_one_process_does(tmp_path):
                          scripted.result())
     (worlds_one, tok_one, stats_one, records_one, scripted_one), (worlds_two, tok_two, stats_two, records_two,
                                                                   scripted_two) = made[1], made[2]
-    def placeless(scores):  # each summary names the folder of its world
-        return {name: {k: v for k, v in summary.items() if k != "world"} for name, summary in scores[0].items()}
-
-    assert placeless(scripted_one) == placeless(scripted_two) and scripted_one[1] == scripted_two[1]
+    placeless = [{name: {k: v for k, v in summary.items() if k != "world"} for name, summary in scores[0].items()}
+                 for scores in (scripted_one, scripted_two)]  # each summary names the folder of its world
+    assert placeless[0] == placeless[1] and scripted_one[1] == scripted_two[1]
     assert scripted_one[0]["expert"]["num_tasks"] == 2
     assert any(name.startswith("grpo-") for name in worlds_two)
     assert worlds_one == worlds_two and len(worlds_one) > 5  # byte for byte
