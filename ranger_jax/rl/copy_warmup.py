@@ -100,6 +100,8 @@ def train(learner: learner_lib.Learner, tokenizer: Any, config: CopyWarmupConfig
     batches = RepeatedRandomTokens(ordinary_ids(tokenizer), window=config.window, batch_size=config.batch_size,
                                    seed=config.seed)
     last: dict[str, float] = {}
+    if metrics is not None:  # a warm-up played again replaces an earlier attempt's rows
+        metrics.discard(log_prefix, after_step=learner.step_count)
     bar = tqdm.tqdm(range(config.steps), desc=log_prefix, unit="step", disable=not progress)
     for _ in bar:
         last = dict(learner.step(next(batches)))

@@ -28,7 +28,9 @@ import json
 import logging
 import os
 import re
+import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -201,6 +203,23 @@ def start_actors(commands: Sequence[Sequence[str]], log_dir: str | os.PathLike,
     return procs
 
 
+def clear_earlier_attempt(paths: Sequence[str | os.PathLike]) -> None:
+    """Removes what an earlier attempt of a GRPO run left in its folder (published weights, actor shards, actor
+    metrics) before the run starts again from its first policy: the loop recognises a finished round by its actors'
+    metrics lines and reads its shards, so an earlier attempt's would be taken for this one's (or, once read as
+    rounds without shards of this attempt, never waited for). Names what it removes on stderr."""
+    stale = [Path(path) for path in paths if Path(path).exists()]
+    if not stale:
+        return
+    print(f"GRPO starts again from its first policy: removing the earlier attempt's {', '.join(map(str, stale))}",
+          file=sys.stderr, flush=True)
+    for path in stale:
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+
+
 def stop_actors(procs: Sequence[subprocess.Popen], stop_file: str | os.PathLike, timeout_s: float) -> list[int]:
     """Writes the stop file, waits for each actor, terminates those past `timeout_s`; returns their exit codes."""
     Path(stop_file).parent.mkdir(parents=True, exist_ok=True)
@@ -278,6 +297,8 @@ def run(learner: learner_lib.Learner, *, shards_dir: str | os.PathLike, weights_
     stop_file = weights_dir / "STOP"
     stop_file.unlink(missing_ok=True)  # a leftover stop file would end new actors at once
     version = learner.step_count
+    if metrics is not None:  # an earlier attempt of this loop in the same folder: its rows give way to this one's
+        metrics.discard("grpo", after_step=version)
     published = weights.publish(learner.params_model(), weights_dir, version, tokenizer_dir=tokenizer_dir,
                                 keep=config.publish_keep)
     if after_publish is not None:

@@ -110,12 +110,26 @@ def _scalars(prefix: str, value: Any) -> Iterable[tuple[str, float]]:
         yield prefix, float(value)
 
 
+def _stage_row_after(line: str, prefix: str, after_step: int) -> bool:
+    """Whether a metrics.jsonl line is a row of the stage `prefix` ("sft/") past `after_step` (blank or foreign
+    lines are kept)."""
+    try:
+        row = json.loads(line)
+    except ValueError:
+        return False
+    if not isinstance(row, dict) or not isinstance(row.get("step"), int):
+        return False
+    names = [key for key in row if key not in ("step", "time")]
+    return bool(names) and all(key.startswith(prefix) for key in names) and row["step"] > after_step
+
+
 class MetricsWriter:
     """Appends metrics to `folder/metrics.jsonl` and to TensorBoard event files in `folder` (see the module
     docstring). Use it as a context manager, or call `close()`. In a multi-process learner, make it on process 0.
 
     Args:
-        folder: created if missing; a resumed run appends to its existing `metrics.jsonl`.
+        folder: created if missing; a resumed run appends to its existing `metrics.jsonl` (a stage that starts
+            again first drops its own later rows: `discard`).
     """
 
     def __init__(self, folder: str | os.PathLike):
@@ -147,6 +161,32 @@ class MetricsWriter:
             for tag, number in _scalars(key, value):
                 self._tb.add_scalar(tag, number, global_step=int(step), walltime=now)
         self._tb.flush()
+
+    def discard(self, prefix: str, *, after_step: int = 0) -> int:
+        """Removes from `metrics.jsonl` the rows of one stage written after `after_step`: those whose every metric
+        is named `<prefix>/…` and whose step is greater. A stage that starts again (from its checkpoint at
+        `after_step`, or from scratch with 0) calls this first, so the file holds each of its steps once, from the
+        attempt that counts. The file is rewritten atomically; returns the number of rows removed.
+
+        TensorBoard's event files keep what they hold: its purge (a restart event) hides every tag past a step,
+        other stages' too, so the earlier attempt's points stay there.
+
+        Raises:
+            ValueError: an empty prefix, or a negative or non-int `after_step`.
+        """
+        if not prefix or prefix.endswith("/"):
+            raise ValueError(f"discard needs a stage prefix without the trailing '/'; got {prefix!r}")
+        if isinstance(after_step, bool) or not isinstance(after_step, numbers.Integral) or after_step < 0:
+            raise ValueError(f"after_step must be an int >= 0; got {after_step!r}")
+        self._jsonl.flush()
+        lines = self.jsonl_path.read_text("utf-8").splitlines(keepends=True)
+        kept = [line for line in lines if not _stage_row_after(line, prefix + "/", after_step)]
+        if len(kept) == len(lines):
+            return 0
+        self._jsonl.close()
+        fileio.write_atomic(self.jsonl_path, "".join(kept).encode("utf-8"))
+        self._jsonl = open(self.jsonl_path, "a", encoding="utf-8")
+        return len(lines) - len(kept)
 
     def close(self) -> None:
         """Flushes and closes both files."""

@@ -109,6 +109,10 @@ def check(preset: ScalePreset, options: ScaleOptions, *, environ: dict[str, str]
         problems.append("--tasks: the RL task file is required (rl_data.json, parquet, KnowGen JSON or JSONL)")
     elif not Path(options.tasks).is_file():
         problems.append(f"--tasks {options.tasks}: no such file")
+    finished = sorted(int(p.name) for p in (Path(options.out) / "checkpoints").glob("*") if p.name.isdigit())
+    if finished:
+        problems.append(f"--out {options.out} holds the learner checkpoints of an earlier run (steps {finished}); a run "
+                        "starts from --checkpoint, so give a new --out or remove its checkpoints folder")
     try:
         backend_options, rewards = _env_settings(preset.env_file)
     except (OSError, ValueError) as err:
@@ -212,6 +216,8 @@ def run_scale(preset: ScalePreset, options: ScaleOptions, *, progress: bool = Tr
     learner = learner_lib.Learner(model, preset.learner, mesh=mesh, checkpoint_dir=out / "checkpoints")
     commands, actor_metrics = actor_commands(preset, options, weights_dir=out / "weights",
                                              shards_dir=out / "grpo_shards", metrics_dir=out / "metrics")
+    if lead:  # an earlier attempt stopped before its checkpoint (`check` refuses a finished one) starts again
+        grpo_loop.clear_earlier_attempt([out / "weights", out / "grpo_shards", *actor_metrics.values()])
     # SGLang actors sample from servers that must load every published version
     sync = weight_sync.SGLangWeightSync(options.sglang_urls) if options.sglang_urls else None
     with metrics_lib.MetricsWriter(out / "metrics") if lead else contextlib.nullcontext() as metrics:

@@ -89,6 +89,8 @@ def train(learner: learner_lib.Learner, dataset: Iterable[dict[str, Any]], *, nu
         if data_state is not None and hasattr(iterator, "set_state"):
             iterator.set_state(data_state)
     start, started = learner.step_count // per_step, time.monotonic()
+    if metrics is not None:  # an earlier attempt's rows past the restored step are about to be written again
+        metrics.discard(log_prefix, after_step=start)
     tokens, last = 0.0, {}
     bar = tqdm.tqdm(total=num_steps, initial=start, desc=log_prefix, unit="step", disable=not progress)
     with bar:

@@ -41,7 +41,6 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import json
-import shutil
 import sys
 import time
 import tomllib
@@ -926,23 +925,6 @@ def grpo_batch_spec(config: SimTinyConfig, tokenizer: Any) -> batching.BatchSpec
                                prefix_row_buckets=tuple(b for b in (8, 16) if b < groups))
 
 
-def clear_grpo_attempt(paths: list[Path]) -> None:
-    """Removes what an earlier GRPO stage of this run folder left (published weights, actor shards, actor metrics):
-    the stage starts again from the SFT policy, and the learner recognises a finished round by its actors'
-    metrics lines and reads its shards, so an earlier attempt's would be taken for this one's (or, once read as
-    rounds without shards of this attempt, never waited for)."""
-    stale = [path for path in paths if path.exists()]
-    if not stale:
-        return
-    print(f"GRPO starts again from the SFT policy: removing the earlier attempt's {', '.join(map(str, stale))}",
-          file=sys.stderr, flush=True)
-    for path in stale:
-        if path.is_dir():
-            shutil.rmtree(path)
-        else:
-            path.unlink()
-
-
 def run_grpo(config: SimTinyConfig, model: Any, tokenizer_dir: Path, env_file: Path, grpo_world: Path, out: Path,
              metrics: metrics_lib.MetricsWriter, actor_env: dict[str, str] | None = None,
              augment: augment.TokenPermutation | None = None) -> tuple[learner_lib.Learner, grpo_loop.GrpoResult]:
@@ -956,7 +938,7 @@ def run_grpo(config: SimTinyConfig, model: Any, tokenizer_dir: Path, env_file: P
     weights_dir, shards_dir = out / "weights", out / "grpo_shards"
     (out / "metrics").mkdir(parents=True, exist_ok=True)
     actor_metrics = {f"actor{part}": out / "metrics" / f"actor{part}.jsonl" for part in range(config.actor_processes)}
-    clear_grpo_attempt([weights_dir, shards_dir, *(out / "metrics").glob("actor*.jsonl")])
+    grpo_loop.clear_earlier_attempt([weights_dir, shards_dir, *(out / "metrics").glob("actor*.jsonl")])
     commands = [actor_command(config, env_file=env_file, grpo_world=grpo_world, weights_dir=weights_dir,
                               shards_dir=shards_dir, metrics_path=actor_metrics[f"actor{part}"], part=part)
                 for part in range(config.actor_processes)]

@@ -107,3 +107,17 @@ def test_loop_config_errors_name_the_field():
         grpo_loop.GrpoLoopConfig(num_steps=1, advantages="tree")
     with pytest.raises(ValueError, match=r"GrpoLoopConfig.num_steps must be >= 1; got 0"):
         grpo_loop.GrpoLoopConfig(num_steps=0)
+
+
+def test_an_earlier_attempt_is_cleared_and_named(tmp_path, capsys):
+    weights, shards_dir, actor_metrics = tmp_path / "weights", tmp_path / "grpo_shards", tmp_path / "actor0.jsonl"
+    (weights / "v000003").mkdir(parents=True)
+    shards_dir.mkdir()
+    (shards_dir / "actor0-r00000-00000.array_record").write_bytes(b"x")
+    actor_metrics.write_text('{"round": 0}\n')
+    grpo_loop.clear_earlier_attempt([weights, shards_dir, actor_metrics, tmp_path / "actor1.jsonl"])
+    assert not weights.exists() and not shards_dir.exists() and not actor_metrics.exists()
+    err = capsys.readouterr().err
+    assert "removing the earlier attempt's" in err and str(shards_dir) in err and "actor1" not in err
+    grpo_loop.clear_earlier_attempt([weights, shards_dir])  # nothing left: silent
+    assert capsys.readouterr().err == ""

@@ -57,6 +57,31 @@ def test_writer_errors(tmp_path):
             sink.write(0, {"hist": {"counts": [1, 2]}})
 
 
+def test_discard_drops_one_stages_rows_after_a_step_and_keeps_the_rest(tmp_path):
+    with metrics.MetricsWriter(tmp_path) as sink:
+        for step in (1, 2, 3):
+            sink.write(step, {"sft/loss": 1.0 / step, "sft/tokens": 10})
+            sink.write(step, {"grpo/reward_mean": 0.1 * step})
+        sink.write(3, {"sft_eval/loss": 0.3})  # another stage whose name starts alike
+        sink.write(3, {"sft/loss": 0.2, "note": "mixed"})  # a row not only of the stage
+        path = sink.jsonl_path
+        path.write_text(path.read_text() + "not json\n")
+        assert sink.discard("sft", after_step=1) == 2
+        sink.write(2, {"sft/loss": 0.4})  # the stage's new attempt appends to the rewritten file
+        assert sink.discard("grpo") == 3 and sink.discard("grpo") == 0
+        for bad, message in (("", "without the trailing"), ("sft/", "without the trailing")):
+            with pytest.raises(ValueError, match=message):
+                sink.discard(bad)
+        with pytest.raises(ValueError, match="after_step must be an int >= 0; got -1"):
+            sink.discard("sft", after_step=-1)
+    lines = path.read_text().splitlines()
+    assert lines[-2] == "not json"
+    rows = [json.loads(line) for line in lines if line != "not json"]
+    assert [(r["step"], sorted(k for k in r if k not in ("step", "time"))) for r in rows] == [
+        (1, ["sft/loss", "sft/tokens"]), (3, ["sft_eval/loss"]), (3, ["note", "sft/loss"]), (2, ["sft/loss"])]
+    assert not list(tmp_path.glob(".metrics.jsonl.*"))  # the rewrite left no temporary file
+
+
 def test_plot_curves(tmp_path):
     for name, slope in (("run_a", 0.1), ("run_b", 0.2)):
         with metrics.MetricsWriter(tmp_path / name) as sink:

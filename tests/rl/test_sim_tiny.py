@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import os
@@ -22,7 +23,7 @@ from support.scripted_learner import ScriptedLearner
 from ranger_jax import cpu_affinity, process_pool
 from ranger_jax.data import shards, shared_prefix
 from ranger_jax.models import qwen3_vl
-from ranger_jax.rl import diagnostics, sim_tiny, tiny_policy
+from ranger_jax.rl import diagnostics, metrics, sim_tiny, tiny_policy
 from ranger_jax.rollout import trained_env
 
 REPO = Path(__file__).resolve().parents[2]
@@ -517,6 +518,12 @@ def test_a_rerun_starts_grpo_again_without_the_earlier_attempts_rounds(run, tmp_
     played = [sorted((t.group_id, t.policy_version, round(t.reward, 6)) for t in _records(folder / "grpo_shards"))
               for folder in (out, first_out)]
     assert played[0] == played[1]
+    # metrics.jsonl holds each stage's steps once: the earlier attempt's GRPO rows gave way to this one's
+    stage_steps = [collections.Counter((min(k for k in row if k not in ("step", "time")).split("/")[0], row["step"])
+                                       for row in metrics.read_jsonl(folder / "metrics" / "metrics.jsonl"))
+                   for folder in (out, first_out)]
+    assert stage_steps[0] == stage_steps[1] and max(stage_steps[0].values()) == 1
+    assert any(stage == "grpo" for stage, _ in stage_steps[0])
 
 
 def test_sft_recipe_trains_and_resumes_from_the_run_outputs(run, tmp_path, capsys):
