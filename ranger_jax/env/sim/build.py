@@ -152,14 +152,24 @@ def _page_rows(world_plan: plan.WorldPlan, image_rows: list[dict], rng: random.R
     return rows
 
 
-def _task_row(index: int, roles: dict[str, world.Entity], image_rows: list[dict], today: dt.date,
+def _shots_by_entity(image_rows: list[dict]) -> dict[str, list[dict]]:
+    """Per entity id, the image rows that show it, in image order, a row once per object of that entity: built once
+    per world, where a scan of every image per task made tasks.jsonl cost tasks × images."""
+    shots: dict[str, list[dict]] = {}
+    for row in image_rows:
+        for obj in row["objects"]:
+            shots.setdefault(obj["entity_id"], []).append(row)
+    return shots
+
+
+def _task_row(index: int, roles: dict[str, world.Entity], shots_by_entity: dict[str, list[dict]], today: dt.date,
               rng: random.Random) -> dict:
     """Stage 6, per task: its row of tasks.jsonl: the prompt (from `rng`), the target, the image where it takes
-    the largest share of the pixels (its reference picture and box), and the attributes that tell it from its
-    siblings."""
+    the largest share of the pixels (its reference picture and box; the first such on a tie), and the attributes
+    that tell it from its siblings."""
     target = roles["target"]
     siblings = [e for r, e in roles.items() if r != "target"]
-    shots = [row for row in image_rows for obj in row["objects"] if obj["entity_id"] == target.id]
+    shots = shots_by_entity.get(target.id, [])
 
     def box(row: dict) -> list[float]:
         return next(o["box"] for o in row["objects"] if o["entity_id"] == target.id)
@@ -250,8 +260,8 @@ def _version_one_files(num_tasks: int, seed: int, split_side: str | None, progre
     _assign_image_urls(world_plan, seed)
     image_rows, files = _render_images(world_plan, seed, rng, progress)
     page_rows = _page_rows(world_plan, image_rows, rng)
-    task_rows = [_task_row(i, roles, image_rows, world_plan.today, rng)
-                 for i, roles in enumerate(world_plan.families)]
+    shots = _shots_by_entity(image_rows)
+    task_rows = [_task_row(i, roles, shots, world_plan.today, rng) for i, roles in enumerate(world_plan.families)]
     files.update(_world_files(world_plan, seed, page_rows, image_rows, task_rows, split_side))
     return files
 

@@ -7,12 +7,13 @@ import collections
 import datetime as dt
 import hashlib
 import json
+import random
 
 import pytest
 from PIL import Image
 
 from ranger_jax.env import core
-from ranger_jax.env.sim import build, catalog, load_tasks, load_world, world
+from ranger_jax.env.sim import build, catalog, load_tasks, load_world, plan, world
 
 
 # Worlds built by the generator before version 2 existed (same seed and task count), hashed file by file: a
@@ -48,6 +49,32 @@ def test_version_one_reproduces_the_first_generator_byte_for_byte(tmp_path, seed
     meta = world.read_meta(root)
     assert meta["version"] == 1 and "world_version" not in meta  # an old world reads as version 1
     assert load_world(root).version == 1
+
+
+# A version-1 world large enough for scenes to draw distractors from many families, as the generator wrote it on
+# 2026-12-07 before those draws came from `plan.EntityTable` instead of a scan of every entity per scene.
+VERSION_ONE_SCENES = {(2026, 40): "1ec7aaf8ccc5e13ee654ece29d410644a2daef9b414902dc1bee32f94476193f"}
+
+
+@pytest.mark.parametrize("seed, num_tasks", sorted(VERSION_ONE_SCENES))
+def test_version_one_scenes_keep_their_bytes(tmp_path, seed, num_tasks):
+    root = build.build_world(tmp_path / "w", num_tasks, seed, world_version=1)
+    assert world_hash(root) == VERSION_ONE_SCENES[(seed, num_tasks)]
+
+
+def test_entity_table_finds_what_a_scan_of_the_entities_finds():
+    rng = random.Random(5)
+    everyone = plan.plan_world(30, random.Random(11)).entities
+    table = plan.EntityTable(everyone)
+    dates = sorted({e.released for e in everyone})
+    for _ in range(200):
+        main, date = rng.choice(everyone), rng.choice(dates)
+        items = [main, *rng.sample(everyone, rng.randint(0, 3))]
+        scan = [e for e in everyone if e.family != main.family and e.released <= date]
+        found = table.released_elsewhere(main.family, date)
+        assert [everyone[i] for i in found] == scan
+        assert [everyone[i] for i in table.without(found, items)] == [e for e in scan if e not in items]
+    assert table.released_elsewhere("No Such Family", "0000-00-00").size == 0
 
 
 @pytest.mark.parametrize("seed, num_tasks", sorted(VERSION_TWO))
