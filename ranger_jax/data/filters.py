@@ -8,7 +8,9 @@ Three rules, each configured in `FilterConfig`:
   `valid`), so a filtered reward never shifts the advantages of the others.
 - **staleness** — with `max_staleness = k` and `current_version()` giving the learner's weights version v, a
   trajectory with `policy_version < v − k` is dropped (`stale="drop"`) or kept and counted (`stale="flag"`:
-  the batch's `policy_version` tells an importance-corrected loss how far behind each row is). It is decided
+  the batch's `policy_version` tells an importance-corrected loss how far behind each row is). A row newer than
+  v (sampled by a version withdrawn when a learner resumed from an earlier checkpoint) is always dropped, counted
+  "newer". It is decided
   when a batching window is read, with the version recorded in the iterator state, so a resumed run makes the
   same decisions.
 - **length** — a row longer than `max_length` is dropped (`overlong="drop"`) or cut (`overlong="truncate"`,
@@ -91,8 +93,8 @@ class FilterConfig:
 
 
 class FilterStats:
-    """Rows per reason: `dropped` and `zeroed` (Counters keyed "termination:<label>", "stale", "overlong"),
-    `truncated`, `flagged_stale`, and `kept` (rows that went on to batching)."""
+    """Rows per reason: `dropped` and `zeroed` (Counters keyed "termination:<label>", "stale", "newer",
+    "overlong"), `truncated`, `flagged_stale`, and `kept` (rows that went on to batching)."""
 
     def __init__(self):
         self._lock = threading.Lock()

@@ -223,6 +223,9 @@ class _WindowBatchIterator(grain.DatasetIterator):
         for example in unit:
             example = dict(example)
             if config.max_staleness is not None:
+                if int(example["policy_version"]) > version:  # a version withdrawn when the learner resumed
+                    stats.count("dropped", "newer")
+                    continue
                 stale = config.is_stale(int(example["policy_version"]), version)
                 if stale and config.stale == "drop":
                     stats.count("dropped", "stale")

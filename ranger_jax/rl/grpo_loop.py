@@ -76,6 +76,9 @@ class GrpoLoopConfig:
     # the actors split each round between them (`actor --part I/N`): a step takes round r of every actor of
     # `actor_metrics` together, once all of them have finished it (`RoundReader(split_rounds=True)`)
     split_rounds: bool = False
+    # save the learner (its `checkpoint_dir`) with the loop's place in the rounds every this many rounds and after
+    # the last; a loop whose learner has a checkpoint resumes from it (see `run`). None: no saves by the loop
+    checkpoint_every: int | None = None
 
     def __post_init__(self):
         if self.advantages not in pipeline.ADVANTAGE_ESTIMATORS:
@@ -85,6 +88,11 @@ class GrpoLoopConfig:
             raise ValueError(f"GrpoLoopConfig.num_steps must be >= 1; got {self.num_steps}")
         if self.max_staleness < 0:
             raise ValueError(f"GrpoLoopConfig.max_staleness must be >= 0; got {self.max_staleness}")
+        if self.checkpoint_every is not None and (isinstance(self.checkpoint_every, bool)
+                                                  or not isinstance(self.checkpoint_every, int)
+                                                  or self.checkpoint_every < 1):
+            raise ValueError(f"GrpoLoopConfig.checkpoint_every must be a positive int or None; "
+                             f"got {self.checkpoint_every!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +108,28 @@ class GrpoResult:
     staleness: dict[int, int]
     dropped: dict[str, Any]
     skipped_rounds: int = 0  # rounds with no trainable row (e.g. every group's rewards equal): no update, no publish
+    # rounds consumed before this call, restored with the learner's checkpoint (0: a fresh start); wall, idle,
+    # episodes, staleness and dropped rows count this call's rounds only
+    resumed_rounds: int = 0
+
+
+LOOP_STATE = "grpo_loop"  # the key of the loop's place in the rounds, in the data state of the learner's checkpoints
+
+
+def _restore(learner: learner_lib.Learner) -> dict[str, Any] | None:
+    """The loop's state saved with the learner's latest checkpoint, after restoring it; None without one.
+
+    Raises:
+        ValueError: a checkpoint that a GRPO loop did not save (naming its folder and step).
+    """
+    if learner.checkpoints is None or learner.checkpoints.latest_step() is None:
+        return None
+    data_state = learner.restore()
+    if not isinstance(data_state, dict) or not isinstance(data_state.get(LOOP_STATE), dict):
+        raise ValueError(f"the checkpoint of step {learner.step_count} in {learner.checkpoints.directory} was not "
+                         "saved by a GRPO loop (no place in the rounds): give the GRPO learner a checkpoint_dir of "
+                         "its own")
+    return data_state[LOOP_STATE]
 
 
 class RoundReader:
@@ -287,18 +317,33 @@ def run(learner: learner_lib.Learner, *, shards_dir: str | os.PathLike, weights_
     SGLang policy servers load it. `augment` transforms each group's rows before batching (one draw per group and
     round: `data.augment.TokenPermutation(per_unit=True)`).
 
+    Resuming: a learner with a checkpoint (its `checkpoint_dir`; `config.checkpoint_every` makes the loop save one)
+    is restored from the latest, with the loop's place in the rounds: the rounds it had read, and how many. The
+    versions published after that checkpoint are withdrawn, its own is published again, and the loop reads on from
+    the oldest round it had not read, for the rounds left of `num_steps`. Rounds read after the checkpoint are read
+    again (their updates were lost), and their rows sampled by a withdrawn version are dropped (`newer` in the
+    filter counts). Actors started again continue the round numbering of the shards in `shards_dir`.
+
     Raises:
-        ValueError: a learner whose objective is not "grpo".
+        ValueError: a learner whose objective is not "grpo"; `checkpoint_every` for a learner without a
+            checkpoint_dir; a learner checkpoint a GRPO loop did not save.
         RuntimeError: an actor process died, or no round arrived within `config.data_timeout_s`.
     """
     if learner.config.objective != "grpo":
         raise ValueError(f"grpo_loop.run needs a learner with objective 'grpo'; got {learner.config.objective!r}")
+    if config.checkpoint_every is not None and learner.checkpoints is None:
+        raise ValueError("GrpoLoopConfig.checkpoint_every needs a learner with a checkpoint_dir")
     weights_dir, shards_dir = Path(weights_dir), Path(shards_dir)
     stop_file = weights_dir / "STOP"
     stop_file.unlink(missing_ok=True)  # a leftover stop file would end new actors at once
+    resumed = _restore(learner) or {}
+    rounds_done, skipped_rounds = int(resumed.get("rounds_done", 0)), int(resumed.get("skipped_rounds", 0))
     version = learner.step_count
-    if metrics is not None:  # an earlier attempt of this loop in the same folder: its rows give way to this one's
-        metrics.discard("grpo", after_step=version)
+    if resumed:  # versions after the checkpoint came from updates that are lost; this one is published again
+        weights.withdraw(weights_dir, from_version=version)
+        host_data.gather_json(version)  # every process publishes once process 0 has withdrawn them
+    if metrics is not None:  # an earlier attempt of this loop in the same folder: its later rows give way
+        metrics.discard("grpo", after_step=version + skipped_rounds)
     published = weights.publish(learner.params_model(), weights_dir, version, tokenizer_dir=tokenizer_dir,
                                 keep=config.publish_keep)
     if after_publish is not None:
@@ -307,16 +352,18 @@ def run(learner: learner_lib.Learner, *, shards_dir: str | os.PathLike, weights_
     lead = jax.process_index() == 0  # with several learner processes, process 0 runs the actors and picks rounds
     procs = start_actors(actor_commands, log_dir, actor_env) if lead else []
     reader = RoundReader(shards_dir, actor_metrics, split_rounds=config.split_rounds)
+    reader.done = {(str(prefix), int(number)) for prefix, number in resumed.get("rounds_read", ())}
     stats = filters.FilterStats()
     staleness: collections.Counter[int] = collections.Counter()
-    started, idle, episodes, skipped_rounds = time.monotonic(), 0.0, 0, 0
+    started, idle, episodes, saved_at = time.monotonic(), 0.0, 0, learner.step_count if resumed else None
     current = {"version": version}
     rules = dataclasses.replace(filter_config, max_staleness=config.max_staleness,
                                 current_version=lambda: current["version"])
     skip = config.one_update_per_round and config.skip_zero_advantage
-    bar = tqdm.tqdm(total=config.num_steps, desc="grpo", unit="step", disable=not progress)
+    bar = tqdm.tqdm(total=config.num_steps, initial=min(rounds_done, config.num_steps), desc="grpo", unit="step",
+                    disable=not progress)
     try:
-        for _ in range(config.num_steps):
+        for _ in range(rounds_done, config.num_steps):
             waited = time.monotonic()
             paths = None
             while lead and (paths := reader.next_round()) is None:
@@ -331,7 +378,8 @@ def run(learner: learner_lib.Learner, *, shards_dir: str | os.PathLike, weights_
             source = shards.TrajectorySource(paths)
             records = [source[i] for i in range(len(source))]
             rewards = np.array([r.reward for r in records], np.float32)
-            versions = [r.policy_version for r in records]
+            # rows of a withdrawn version (an earlier attempt's, after its checkpoint) are dropped by the filter
+            versions = [r.policy_version for r in records if r.policy_version <= current["version"]]
             staleness.update(metrics_lib.staleness_histogram(current["version"], versions))
             by_group: dict[str, list[float]] = collections.defaultdict(list)
             for r in records:
@@ -363,9 +411,18 @@ def run(learner: learner_lib.Learner, *, shards_dir: str | os.PathLike, weights_
                    "grpo/zero_variance_share": zero_var, "grpo/episodes_per_s": episodes / elapsed,
                    "grpo/idle_fraction": idle / elapsed, "grpo/version": current["version"],
                    "grpo/skipped_rounds": skipped_rounds,
-                   "grpo/mean_staleness": float(np.mean([current["version"] - 1 - v for v in versions]))}
+                   "grpo/mean_staleness": (float(np.mean([current["version"] - 1 - v for v in versions]))
+                                           if versions else None)}
             if metrics is not None:
                 metrics.write(learner.step_count + skipped_rounds, row)
+            rounds_done += 1
+            every = config.checkpoint_every
+            if every and (rounds_done % every == 0 or rounds_done == config.num_steps) \
+                    and learner.step_count != saved_at:  # a round without an update has nothing new to save
+                learner.save(data_state={LOOP_STATE: {
+                    "rounds_done": rounds_done, "skipped_rounds": skipped_rounds,
+                    "rounds_read": sorted([prefix, number] for prefix, number in reader.done)}}, force=True)
+                saved_at = learner.step_count
             bar.update(1)
             bar.set_postfix(reward=f"{rewards.mean():.3f}", idle=f"{idle / elapsed:.2f}")
     finally:
@@ -378,4 +435,4 @@ def run(learner: learner_lib.Learner, *, shards_dir: str | os.PathLike, weights_
                       idle_fraction=idle / wall if wall > 0 else 0.0, episodes=episodes,
                       episodes_per_s=episodes / wall if wall > 0 else 0.0,
                       staleness=dict(sorted(staleness.items())), dropped=stats.as_dict(),
-                      skipped_rounds=skipped_rounds)
+                      skipped_rounds=skipped_rounds, resumed_rounds=int(resumed.get("rounds_done", 0)))

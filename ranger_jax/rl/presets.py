@@ -49,6 +49,7 @@ class ScalePreset:
     max_pixels: int = 160_000
     actors: int = 2  # rollout actor processes (JAX sampler on their own devices, or SGLang clients)
     max_staleness: int = 2
+    checkpoint_every: int = 10  # rounds between learner checkpoints (a rerun of --out resumes from the latest)
 
     def __post_init__(self):
         if self.learner.temperature != self.temperature:
@@ -109,10 +110,6 @@ def check(preset: ScalePreset, options: ScaleOptions, *, environ: dict[str, str]
         problems.append("--tasks: the RL task file is required (rl_data.json, parquet, KnowGen JSON or JSONL)")
     elif not Path(options.tasks).is_file():
         problems.append(f"--tasks {options.tasks}: no such file")
-    finished = sorted(int(p.name) for p in (Path(options.out) / "checkpoints").glob("*") if p.name.isdigit())
-    if finished:
-        problems.append(f"--out {options.out} holds the learner checkpoints of an earlier run (steps {finished}); a run "
-                        "starts from --checkpoint, so give a new --out or remove its checkpoints folder")
     try:
         backend_options, rewards = _env_settings(preset.env_file)
     except (OSError, ValueError) as err:
@@ -161,7 +158,8 @@ def plan(preset: ScalePreset, options: ScaleOptions) -> str:
         f"rollouts: {actor_kind}; temperature {preset.temperature}, top-p {preset.top_p}, "
         f"{preset.max_new_tokens} new tokens a turn, {preset.max_context_tokens} a trajectory, staleness <= "
         f"{preset.max_staleness} versions",
-        f"output: {options.out}/ (weights/, grpo_shards/, metrics/, policy/)",
+        f"output: {options.out}/ (weights/, grpo_shards/, metrics/, checkpoints/ every {preset.checkpoint_every} "
+        "steps: running again with this --out resumes from the latest)",
     ])
 
 
@@ -216,17 +214,17 @@ def run_scale(preset: ScalePreset, options: ScaleOptions, *, progress: bool = Tr
     learner = learner_lib.Learner(model, preset.learner, mesh=mesh, checkpoint_dir=out / "checkpoints")
     commands, actor_metrics = actor_commands(preset, options, weights_dir=out / "weights",
                                              shards_dir=out / "grpo_shards", metrics_dir=out / "metrics")
-    if lead:  # an earlier attempt stopped before its checkpoint (`check` refuses a finished one) starts again
+    if lead and learner.checkpoints.latest_step() is None:  # an attempt stopped before its first checkpoint
         grpo_loop.clear_earlier_attempt([out / "weights", out / "grpo_shards", *actor_metrics.values()])
     # SGLang actors sample from servers that must load every published version
     sync = weight_sync.SGLangWeightSync(options.sglang_urls) if options.sglang_urls else None
     with metrics_lib.MetricsWriter(out / "metrics") if lead else contextlib.nullcontext() as metrics:
         result = grpo_loop.run(learner, shards_dir=out / "grpo_shards", weights_dir=out / "weights", spec=spec,
                                config=grpo_loop.GrpoLoopConfig(num_steps=preset.num_steps,
-                                                               max_staleness=preset.max_staleness),
+                                                               max_staleness=preset.max_staleness,
+                                                               checkpoint_every=preset.checkpoint_every),
                                vision=vision, tokenizer_dir=options.checkpoint, actor_commands=commands,
                                actor_metrics=actor_metrics, metrics=metrics, progress=progress and lead,
                                after_publish=sync.update if sync is not None else None)
-    learner.save(force=True)
-    learner.close()
+    learner.close()  # the loop saved the last step; this waits for the write
     return dataclasses.asdict(result)

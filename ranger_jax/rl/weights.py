@@ -138,6 +138,39 @@ def _remove(path: Path) -> None:
     shutil.rmtree(hidden, ignore_errors=True)
 
 
+def withdraw(folder: str | os.PathLike, *, from_version: int) -> list[int]:
+    """Removes the versions >= `from_version` from `folder`, first pointing `latest` at the newest one left (or
+    removing it when none is left), so a reader never meets a pointer to a missing version. A learner resuming
+    from its checkpoint of step `from_version` calls it before publishing that version again: the later ones came
+    from updates that were lost. Process 0 acts; returns the versions removed.
+
+    Raises:
+        ValueError: a bad version.
+    """
+    from_version = _check_version(from_version)
+    versions = list_versions(folder)
+    gone = [v for v in versions if v >= from_version]
+    if not gone or jax.process_index() != 0:
+        return gone
+    left = [v for v in versions if v < from_version]
+    if _remote(folder):
+        if left:
+            storage.write_bytes(folder, LATEST_FILE, f"{left[-1]}\n".encode("utf-8"))
+        else:
+            storage.delete_prefix(folder, LATEST_FILE)
+        for version in gone:
+            storage.delete_prefix(folder, version_name(version) + "/")
+    else:
+        if left:
+            fileio.write_atomic(_local(folder) / LATEST_FILE, f"{left[-1]}\n".encode("utf-8"))
+        else:
+            (_local(folder) / LATEST_FILE).unlink(missing_ok=True)
+        for version in gone:
+            _remove(_local(folder) / version_name(version))
+    log.info("withdrew weights versions %s from %s", gone, folder)
+    return gone
+
+
 def publish(model: qwen3_vl.Qwen3VL, folder: str | os.PathLike, version: int, *,
             tokenizer_dir: str | os.PathLike | None = None, keep: int = DEFAULT_KEEP) -> Path | str:
     """Writes `model` as HF checkpoint `folder/v{version:06d}` atomically, points `latest` at it, prunes old ones.

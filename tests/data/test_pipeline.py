@@ -240,8 +240,8 @@ def test_termination_and_staleness_rules_with_counts(source, recordings, spec):
 
 
 def test_staleness_uses_the_version_recorded_in_the_state(source, spec):
-    version = {"now": 0}
-    config = filters.FilterConfig(max_staleness=0, current_version=lambda: version["now"])
+    version = {"now": 3}
+    config = filters.FilterConfig(max_staleness=2, current_version=lambda: version["now"])
 
     def dataset():
         return pipeline.trajectory_dataset(source, spec=spec, vision=recorded.VISION, config=config, seed=1,
@@ -250,7 +250,7 @@ def test_staleness_uses_the_version_recorded_in_the_state(source, spec):
     first = iter(dataset())
     next(first)
     state = first.get_state()
-    version["now"] = 2  # the learner moved on; the window already read keeps the version it was read with
+    version["now"] = 5  # the learner moved on; the window already read keeps the version it was read with
     expected = next(first)
     resumed = iter(dataset())
     resumed.set_state(state)

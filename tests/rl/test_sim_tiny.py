@@ -526,6 +526,70 @@ def test_a_rerun_starts_grpo_again_without_the_earlier_attempts_rounds(run, tmp_
     assert any(stage == "grpo" for stage, _ in stage_steps[0])
 
 
+def _loop_from_the_run_rounds(run, folder, learner, *, steps, every):
+    """The GRPO loop of the micro run over a copy of that run's rounds (no actors: the rounds are there)."""
+    from ranger_jax.data import filters
+    from ranger_jax.processing import tokenizer as tokenizer_lib
+    from ranger_jax.rl import grpo_loop
+
+    out, _ = run
+    if not (folder / "grpo_shards").exists():
+        shutil.copytree(out / "grpo_shards", folder / "grpo_shards")
+        shutil.copytree(out / "metrics", folder / "actors", ignore=shutil.ignore_patterns("metrics.jsonl", "events*"))
+    tokenizer = tokenizer_lib.load_tokenizer(out / "tokenizer")
+    with metrics.MetricsWriter(folder / "metrics") as writer:
+        return grpo_loop.run(
+            learner, shards_dir=folder / "grpo_shards", weights_dir=folder / "weights",
+            spec=sim_tiny.grpo_batch_spec(MICRO, tokenizer),
+            config=grpo_loop.GrpoLoopConfig(num_steps=steps, max_staleness=MICRO.max_staleness,
+                                            advantages=MICRO.advantages, one_update_per_round=True, split_rounds=True,
+                                            checkpoint_every=every, data_timeout_s=5.0),
+            vision=tiny_policy.VISION, filter_config=filters.FilterConfig(trim_untrained_tail=True),
+            actor_metrics={f"actor{p}": folder / "actors" / f"actor{p}.jsonl" for p in range(MICRO.actor_processes)},
+            metrics=writer, progress=False)
+
+
+def test_a_grpo_loop_resumes_from_its_checkpoint_to_the_parameters_of_an_uninterrupted_loop(run, tmp_path):
+    from ranger_jax.rl import learner as learner_lib
+    from ranger_jax.rl import weights
+
+    out, _ = run
+    settings = sim_tiny.grpo_learner(MICRO, qwen3_vl.load(out / "sft_policy")).config
+
+    def learner(folder=None):
+        return learner_lib.Learner(qwen3_vl.load(out / "sft_policy"), settings,
+                                   checkpoint_dir=None if folder is None else folder / "checkpoints")
+
+    whole = learner()
+    whole_result = _loop_from_the_run_rounds(run, tmp_path / "whole", whole, steps=2, every=None)
+    killed = learner(tmp_path / "resumed")
+    _loop_from_the_run_rounds(run, tmp_path / "resumed", killed, steps=1, every=1)
+    killed.close()
+    # the killed attempt had published a later version before it stopped: a resumed loop withdraws it
+    weights.publish(killed.params_model(), tmp_path / "resumed" / "weights", killed.step_count + 5)
+    resumed = learner(tmp_path / "resumed")
+    result = _loop_from_the_run_rounds(run, tmp_path / "resumed", resumed, steps=2, every=1)
+    resumed.close()
+    assert result.resumed_rounds == 1 and whole_result.resumed_rounds == 0
+    assert result.final_version == whole_result.final_version == whole.step_count == resumed.step_count
+    for a, b in zip(jax.tree_util.tree_leaves(whole.state.params), jax.tree_util.tree_leaves(resumed.state.params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # round 1's update, exactly
+    assert weights.list_versions(tmp_path / "resumed" / "weights")[-1] == result.final_version
+    rows = metrics.read_jsonl(tmp_path / "resumed" / "metrics" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [r["step"] for r in
+                                          metrics.read_jsonl(tmp_path / "whole" / "metrics" / "metrics.jsonl")]
+    done = learner(tmp_path / "resumed")  # a finished loop run again resumes with nothing left to do
+    again = _loop_from_the_run_rounds(run, tmp_path / "resumed", done, steps=2, every=1)
+    assert again.resumed_rounds == 2 and again.episodes == 0 and done.step_count == resumed.step_count
+    with pytest.raises(ValueError, match="checkpoint_every needs a learner with a checkpoint_dir"):
+        _loop_from_the_run_rounds(run, tmp_path / "x", learner(), steps=1, every=1)
+    other = learner(tmp_path / "other")
+    other.save(force=True)  # a checkpoint without the loop's place in the rounds (e.g. an SFT learner's folder)
+    other.close()
+    with pytest.raises(ValueError, match="the checkpoint of step 0 in .*other/checkpoints was not saved by a GRPO"):
+        _loop_from_the_run_rounds(run, tmp_path / "other", learner(tmp_path / "other"), steps=1, every=1)
+
+
 def test_sft_recipe_trains_and_resumes_from_the_run_outputs(run, tmp_path, capsys):
     import importlib.util
     from pathlib import Path

@@ -64,6 +64,22 @@ def test_keeps_the_newest_versions(tmp_path, model):
     assert sorted(os.listdir(folder)) == ["latest", "v000007", "v000009"]  # nothing hidden is left behind
 
 
+def test_withdraw_removes_the_later_versions_and_points_latest_at_the_newest_left(tmp_path, model):
+    folder = tmp_path / "weights"
+    for version in (2, 3, 5):
+        weights.publish(model, folder, version)
+    assert weights.withdraw(folder, from_version=3) == [3, 5]
+    assert weights.list_versions(folder) == [2] and weights.latest_version(folder) == 2
+    assert sorted(os.listdir(folder)) == ["latest", "v000002"]
+    weights.publish(model, folder, 3)  # published again, as a resumed learner does
+    assert weights.withdraw(folder, from_version=7) == [] and weights.latest_version(folder) == 3
+    assert weights.withdraw(folder, from_version=0) == [2, 3]
+    assert weights.latest_version(folder) is None and os.listdir(folder) == []
+    assert weights.withdraw(tmp_path / "none", from_version=0) == []
+    with pytest.raises(ValueError, match="a weights version must be an int >= 0; got -1"):
+        weights.withdraw(folder, from_version=-1)
+
+
 def test_no_partial_version_is_ever_visible(tmp_path, model, tokenizer_dir):
     """A reader polling the folder while versions are published only ever sees complete ones."""
     folder = tmp_path / "weights"
