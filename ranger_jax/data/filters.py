@@ -87,6 +87,11 @@ class FilterConfig:
             raise ValueError(f"current_version() must return an int, got {type(version).__name__} {version!r}")
         return version
 
+    def is_newer(self, policy_version: int, version_now: int) -> bool:
+        """Whether a row was sampled by a version after `version_now` (one withdrawn when the learner resumed from an
+        earlier checkpoint): always dropped while staleness is bounded."""
+        return self.max_staleness is not None and policy_version > version_now
+
     def is_stale(self, policy_version: int, version_now: int) -> bool:
         """Whether a row sampled by `policy_version` lags `version_now` by more than max_staleness."""
         return self.max_staleness is not None and policy_version < version_now - self.max_staleness

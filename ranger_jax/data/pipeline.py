@@ -223,7 +223,7 @@ class _WindowBatchIterator(grain.DatasetIterator):
         for example in unit:
             example = dict(example)
             if config.max_staleness is not None:
-                if int(example["policy_version"]) > version:  # a version withdrawn when the learner resumed
+                if config.is_newer(int(example["policy_version"]), version):
                     stats.count("dropped", "newer")
                     continue
                 stale = config.is_stale(int(example["policy_version"]), version)

@@ -379,7 +379,7 @@ def run(learner: learner_lib.Learner, *, shards_dir: str | os.PathLike, weights_
             records = [source[i] for i in range(len(source))]
             rewards = np.array([r.reward for r in records], np.float32)
             # rows of a withdrawn version (an earlier attempt's, after its checkpoint) are dropped by the filter
-            versions = [r.policy_version for r in records if r.policy_version <= current["version"]]
+            versions = [r.policy_version for r in records if not rules.is_newer(r.policy_version, current["version"])]
             staleness.update(metrics_lib.staleness_histogram(current["version"], versions))
             by_group: dict[str, list[float]] = collections.defaultdict(list)
             for r in records:

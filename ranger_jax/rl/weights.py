@@ -138,6 +138,26 @@ def _remove(path: Path) -> None:
     shutil.rmtree(hidden, ignore_errors=True)
 
 
+def _point_latest(folder: str | os.PathLike, version: int | None) -> None:
+    """Points `latest` at `version` (written atomically), or removes it for None."""
+    if _remote(folder):
+        if version is None:
+            storage.delete_prefix(folder, LATEST_FILE)
+        else:
+            storage.write_bytes(folder, LATEST_FILE, f"{version}\n".encode("utf-8"))
+    elif version is None:
+        (_local(folder) / LATEST_FILE).unlink(missing_ok=True)
+    else:
+        fileio.write_atomic(_local(folder) / LATEST_FILE, f"{version}\n".encode("utf-8"))
+
+
+def _delete_version(folder: str | os.PathLike, version: int) -> None:
+    if _remote(folder):
+        storage.delete_prefix(folder, version_name(version) + "/")
+    else:
+        _remove(_local(folder) / version_name(version))
+
+
 def withdraw(folder: str | os.PathLike, *, from_version: int) -> list[int]:
     """Removes the versions >= `from_version` from `folder`, first pointing `latest` at the newest one left (or
     removing it when none is left), so a reader never meets a pointer to a missing version. A learner resuming
@@ -153,20 +173,9 @@ def withdraw(folder: str | os.PathLike, *, from_version: int) -> list[int]:
     if not gone or jax.process_index() != 0:
         return gone
     left = [v for v in versions if v < from_version]
-    if _remote(folder):
-        if left:
-            storage.write_bytes(folder, LATEST_FILE, f"{left[-1]}\n".encode("utf-8"))
-        else:
-            storage.delete_prefix(folder, LATEST_FILE)
-        for version in gone:
-            storage.delete_prefix(folder, version_name(version) + "/")
-    else:
-        if left:
-            fileio.write_atomic(_local(folder) / LATEST_FILE, f"{left[-1]}\n".encode("utf-8"))
-        else:
-            (_local(folder) / LATEST_FILE).unlink(missing_ok=True)
-        for version in gone:
-            _remove(_local(folder) / version_name(version))
+    _point_latest(folder, left[-1] if left else None)
+    for version in gone:
+        _delete_version(folder, version)
     log.info("withdrew weights versions %s from %s", gone, folder)
     return gone
 
@@ -211,14 +220,9 @@ def publish(model: qwen3_vl.Qwen3VL, folder: str | os.PathLike, version: int, *,
         _publish_local(model, _local(folder), version, tokenizer_dir)
     if jax.process_index() != 0:
         return target
-    if _remote(folder):
-        storage.write_bytes(folder, LATEST_FILE, f"{version}\n".encode("utf-8"))
-        for old in list_versions(folder)[:-keep]:
-            storage.delete_prefix(folder, version_name(old) + "/")
-    else:
-        fileio.write_atomic(_local(folder) / LATEST_FILE, f"{version}\n".encode("utf-8"))
-        for old in list_versions(folder)[:-keep]:
-            _remove(_local(folder) / version_name(old))
+    _point_latest(folder, version)
+    for old in list_versions(folder)[:-keep]:
+        _delete_version(folder, old)
     log.info("published weights version %d to %s", version, target)
     return target
 
