@@ -377,12 +377,14 @@ def run(learner: learner_lib.Learner, *, shards_dir: str | os.PathLike, weights_
             idle += time.monotonic() - waited
             source = shards.TrajectorySource(paths)
             records = [source[i] for i in range(len(source))]
-            rewards = np.array([r.reward for r in records], np.float32)
-            # rows of a withdrawn version (an earlier attempt's, after its checkpoint) are dropped by the filter
-            versions = [r.policy_version for r in records if not rules.is_newer(r.policy_version, current["version"])]
+            # rows of a withdrawn version (an earlier attempt's, after its checkpoint) are dropped by the filter, and
+            # left out of the round's reward, spread and staleness; episodes/s counts every row the actors played
+            kept = [r for r in records if not rules.is_newer(r.policy_version, current["version"])]
+            rewards = np.array([r.reward for r in kept], np.float32)
+            versions = [r.policy_version for r in kept]
             staleness.update(metrics_lib.staleness_histogram(current["version"], versions))
             by_group: dict[str, list[float]] = collections.defaultdict(list)
-            for r in records:
+            for r in kept:
                 by_group[r.group_id].append(r.reward)
             zero_var = float(np.mean([np.ptp(v) < 1e-6 for v in by_group.values()])) if by_group else 0.0
             dataset = pipeline.trajectory_dataset(source, spec=spec, vision=vision, config=rules, stats=stats,
@@ -407,7 +409,8 @@ def run(learner: learner_lib.Learner, *, shards_dir: str | os.PathLike, weights_
             else:
                 skipped_rounds += 1
             elapsed = time.monotonic() - started
-            row = {**{f"grpo/{k}": v for k, v in step_metrics.items()}, "grpo/reward_mean": float(rewards.mean()),
+            reward_mean = float(rewards.mean()) if len(rewards) else None
+            row = {**{f"grpo/{k}": v for k, v in step_metrics.items()}, "grpo/reward_mean": reward_mean,
                    "grpo/zero_variance_share": zero_var, "grpo/episodes_per_s": episodes / elapsed,
                    "grpo/idle_fraction": idle / elapsed, "grpo/version": current["version"],
                    "grpo/skipped_rounds": skipped_rounds,
@@ -424,7 +427,7 @@ def run(learner: learner_lib.Learner, *, shards_dir: str | os.PathLike, weights_
                     "rounds_read": sorted([prefix, number] for prefix, number in reader.done)}}, force=True)
                 saved_at = learner.step_count
             bar.update(1)
-            bar.set_postfix(reward=f"{rewards.mean():.3f}", idle=f"{idle / elapsed:.2f}")
+            bar.set_postfix(reward="-" if reward_mean is None else f"{reward_mean:.3f}", idle=f"{idle / elapsed:.2f}")
     finally:
         bar.close()
         codes = stop_actors(procs, stop_file, config.stop_timeout_s)

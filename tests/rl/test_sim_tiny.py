@@ -590,6 +590,37 @@ def test_a_grpo_loop_resumes_from_its_checkpoint_to_the_parameters_of_an_uninter
         _loop_from_the_run_rounds(run, tmp_path / "other", learner(tmp_path / "other"), steps=1, every=1)
 
 
+def test_rows_of_a_withdrawn_version_leave_the_rounds_reward_spread_and_staleness(run, tmp_path):
+    """A learner at version 0 reading a round whose second actor's rows say version 7 (as after a resume withdrew
+    the versions of an earlier attempt): those rows are dropped and left out of the round's metrics."""
+    from ranger_jax.rl import learner as learner_lib
+
+    out, _ = run
+    folder = tmp_path / "loop"
+    shutil.copytree(out / "grpo_shards", folder / "grpo_shards")
+    shutil.copytree(out / "metrics", folder / "actors", ignore=shutil.ignore_patterns("metrics.jsonl", "events*"))
+    first = sorted((folder / "grpo_shards").glob("actor*-r00000-*.array_record"))
+    withdrawn = [p for p in first if p.name.startswith("actor1-")]
+    assert withdrawn and len(withdrawn) < len(first)
+    for path in withdrawn:
+        rows = list(shards.TrajectorySource(path))
+        shards.write_shard(path, [dataclasses.replace(r, policy_version=7) for r in rows], overwrite=True)
+    kept = [r for p in first if p not in withdrawn for r in shards.TrajectorySource(p)]
+    learner = learner_lib.Learner(qwen3_vl.load(out / "sft_policy"),
+                                  sim_tiny.grpo_learner(MICRO, qwen3_vl.load(out / "sft_policy")).config)
+    result = _loop_from_the_run_rounds(run, folder, learner, steps=1, every=None)
+    played = sum(len(shards.TrajectorySource(p)) for p in first)
+    assert result.episodes == played  # episodes/s counts what the actors played
+    assert result.dropped["dropped"] == {"newer": played - len(kept)}
+    assert result.staleness == {0: len(kept)}
+    [row] = metrics.read_jsonl(folder / "metrics" / "metrics.jsonl")
+    assert row["grpo/reward_mean"] == pytest.approx(np.mean([r.reward for r in kept]))
+    groups = {}
+    for r in kept:
+        groups.setdefault(r.group_id, []).append(r.reward)
+    assert row["grpo/zero_variance_share"] == pytest.approx(np.mean([np.ptp(v) < 1e-6 for v in groups.values()]))
+
+
 def test_sft_recipe_trains_and_resumes_from_the_run_outputs(run, tmp_path, capsys):
     import importlib.util
     from pathlib import Path
