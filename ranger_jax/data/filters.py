@@ -109,6 +109,23 @@ class FilterStats:
         self.flagged_stale = 0
         self.kept = 0
 
+    @classmethod
+    def from_dict(cls, snapshot: dict[str, Any]) -> FilterStats:
+        """The stats an `as_dict` snapshot holds (e.g. saved with a checkpoint), to count on from.
+
+        Raises:
+            ValueError: a snapshot without one of the `as_dict` keys (naming it).
+        """
+        missing = [k for k in ("dropped", "zeroed", "truncated", "flagged_stale", "kept") if k not in snapshot]
+        if missing:
+            raise ValueError(f"a FilterStats snapshot needs the keys {missing}; got {sorted(snapshot)}")
+        stats = cls()
+        stats.dropped.update({str(k): int(v) for k, v in snapshot["dropped"].items()})
+        stats.zeroed.update({str(k): int(v) for k, v in snapshot["zeroed"].items()})
+        stats.truncated, stats.flagged_stale, stats.kept = (int(snapshot[k]) for k in ("truncated", "flagged_stale",
+                                                                                        "kept"))
+        return stats
+
     def __getstate__(self) -> dict[str, Any]:  # picklable for Grain workers: the lock is rebuilt, not copied
         return {k: v for k, v in self.__dict__.items() if k != "_lock"}
 

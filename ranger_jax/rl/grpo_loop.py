@@ -108,8 +108,9 @@ class GrpoResult:
     staleness: dict[int, int]
     dropped: dict[str, Any]
     skipped_rounds: int = 0  # rounds with no trainable row (e.g. every group's rewards equal): no update, no publish
-    # rounds consumed before this call, restored with the learner's checkpoint (0: a fresh start); wall, idle,
-    # episodes, staleness and dropped rows count this call's rounds only
+    # rounds consumed before this call, restored with the learner's checkpoint (0: a fresh start). Wall, idle,
+    # episodes, staleness and dropped rows count the whole loop: the totals saved with that checkpoint plus this
+    # call's (the time and rounds of an interrupted attempt after its last checkpoint are not counted)
     resumed_rounds: int = 0
 
 
@@ -322,7 +323,9 @@ def run(learner: learner_lib.Learner, *, shards_dir: str | os.PathLike, weights_
     versions published after that checkpoint are withdrawn, its own is published again, and the loop reads on from
     the oldest round it had not read, for the rounds left of `num_steps`. Rounds read after the checkpoint are read
     again (their updates were lost), and their rows sampled by a withdrawn version are dropped (`newer` in the
-    filter counts). Actors started again continue the round numbering of the shards in `shards_dir`.
+    filter counts). Actors started again continue the round numbering of the shards in `shards_dir`. The result and
+    the metrics rows count on from the totals saved with the checkpoint (wall, idle, episodes, staleness, filter
+    counts).
 
     Raises:
         ValueError: a learner whose objective is not "grpo"; `checkpoint_every` for a learner without a
@@ -353,9 +356,13 @@ def run(learner: learner_lib.Learner, *, shards_dir: str | os.PathLike, weights_
     procs = start_actors(actor_commands, log_dir, actor_env) if lead else []
     reader = RoundReader(shards_dir, actor_metrics, split_rounds=config.split_rounds)
     reader.done = {(str(prefix), int(number)) for prefix, number in resumed.get("rounds_read", ())}
-    stats = filters.FilterStats()
-    staleness: collections.Counter[int] = collections.Counter()
-    started, idle, episodes, saved_at = time.monotonic(), 0.0, 0, learner.step_count if resumed else None
+    stats = filters.FilterStats.from_dict(resumed["dropped"]) if "dropped" in resumed else filters.FilterStats()
+    staleness: collections.Counter[int] = collections.Counter(
+        {int(k): int(v) for k, v in resumed.get("staleness", {}).items()})
+    before = resumed.get("totals", {})  # the rounds before the checkpoint: wall and idle seconds, episodes
+    wall_before, idle, episodes = (float(before.get("wall_s", 0.0)), float(before.get("idle_s", 0.0)),
+                                   int(before.get("episodes", 0)))
+    started, saved_at = time.monotonic() - wall_before, learner.step_count if resumed else None
     current = {"version": version}
     rules = dataclasses.replace(filter_config, max_staleness=config.max_staleness,
                                 current_version=lambda: current["version"])
@@ -424,7 +431,10 @@ def run(learner: learner_lib.Learner, *, shards_dir: str | os.PathLike, weights_
                     and learner.step_count != saved_at:  # a round without an update has nothing new to save
                 learner.save(data_state={LOOP_STATE: {
                     "rounds_done": rounds_done, "skipped_rounds": skipped_rounds,
-                    "rounds_read": sorted([prefix, number] for prefix, number in reader.done)}}, force=True)
+                    "rounds_read": sorted([prefix, number] for prefix, number in reader.done),
+                    "totals": {"wall_s": time.monotonic() - started, "idle_s": idle, "episodes": episodes},
+                    "staleness": {str(k): v for k, v in sorted(staleness.items())}, "dropped": stats.as_dict()}},
+                    force=True)
                 saved_at = learner.step_count
             bar.update(1)
             bar.set_postfix(reward="-" if reward_mean is None else f"{reward_mean:.3f}", idle=f"{idle / elapsed:.2f}")

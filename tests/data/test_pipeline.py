@@ -239,6 +239,20 @@ def test_termination_and_staleness_rules_with_counts(source, recordings, spec):
     assert dataset.stats.flagged_stale == 6 and not dataset.stats.dropped
 
 
+def test_filter_stats_count_on_from_a_snapshot():
+    stats = filters.FilterStats()
+    stats.count("dropped", "newer", 3)
+    stats.count("zeroed", "termination:error")
+    stats.count("kept", n=5)
+    again = filters.FilterStats.from_dict(json.loads(json.dumps(stats.as_dict())))  # as saved with a checkpoint
+    again.count("dropped", "newer")
+    again.count("truncated")
+    assert again.as_dict() == {"dropped": {"newer": 4}, "zeroed": {"termination:error": 1}, "truncated": 1,
+                               "flagged_stale": 0, "kept": 5}
+    with pytest.raises(ValueError, match=r"needs the keys \['flagged_stale', 'kept'\]"):
+        filters.FilterStats.from_dict({"dropped": {}, "zeroed": {}, "truncated": 0})
+
+
 def test_staleness_uses_the_version_recorded_in_the_state(source, spec):
     version = {"now": 3}
     config = filters.FilterConfig(max_staleness=2, current_version=lambda: version["now"])

@@ -571,6 +571,10 @@ def test_a_grpo_loop_resumes_from_its_checkpoint_to_the_parameters_of_an_uninter
     result = _loop_from_the_run_rounds(run, tmp_path / "resumed", resumed, steps=2, every=1)
     resumed.close()
     assert result.resumed_rounds == 1 and whole_result.resumed_rounds == 0
+    # the counts go on from those saved with the checkpoint: round 1's, then round 2's again
+    assert (result.episodes, result.staleness, result.dropped) == \
+        (whole_result.episodes, whole_result.staleness, whole_result.dropped)
+    assert result.episodes > 0 and result.wall_s > 0
     assert result.final_version == whole_result.final_version == whole.step_count == resumed.step_count
     for a, b in zip(jax.tree_util.tree_leaves(whole.state.params), jax.tree_util.tree_leaves(resumed.state.params)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # round 1's update, exactly
@@ -580,7 +584,8 @@ def test_a_grpo_loop_resumes_from_its_checkpoint_to_the_parameters_of_an_uninter
                                           metrics.read_jsonl(tmp_path / "whole" / "metrics" / "metrics.jsonl")]
     done = learner(tmp_path / "resumed")  # a finished loop run again resumes with nothing left to do
     again = _loop_from_the_run_rounds(run, tmp_path / "resumed", done, steps=2, every=1)
-    assert again.resumed_rounds == 2 and again.episodes == 0 and done.step_count == resumed.step_count
+    assert again.resumed_rounds == 2 and done.step_count == resumed.step_count
+    assert again.episodes == result.episodes  # nothing played: the totals saved with the last checkpoint
     with pytest.raises(ValueError, match="checkpoint_every needs a learner with a checkpoint_dir"):
         _loop_from_the_run_rounds(run, tmp_path / "x", learner(), steps=1, every=1)
     other = learner(tmp_path / "other")
