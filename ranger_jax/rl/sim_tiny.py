@@ -130,6 +130,12 @@ class SimTinyConfig:
     # (None: it takes its steps): the loss after the jump falls on slowly, 0.02 -> 0.006-0.013 over the stage's
     # last ~200 steps (~40 s on 2 cores), and SFT trains the first turns again as part of whole episodes
     first_turn_stop_loss: float | None = 0.02
+    # ... and an attempt that is not the last but ends at or below `first_turn_jump_loss` has made the jump (the
+    # loss before it sits at ~1.0-1.6, and stages that did not make it ended at 0.34-0.63) and is only short of the
+    # target: it goes on as the last attempt does instead of starting again (None: it starts again). Seed 37 ended
+    # its 700 steps at 0.102 and started again from an initialisation whose first turns then took 1,800 steps;
+    # seed 18 ended at 0.141
+    first_turn_jump_loss: float | None = 0.2
     pre_sft_attempts: int = 2
     first_turn_max_steps: int = 1800
     # The whole-episode SFT can stall as the first turns can: seed 2 on the AVX-512 machine, its copy learned on the
@@ -277,6 +283,11 @@ class SimTinyConfig:
                                  <= self.first_turn_target_loss):
             raise ValueError(f"SimTinyConfig.first_turn_stop_loss must be None or a number in (0, "
                              f"first_turn_target_loss={self.first_turn_target_loss}]; got {stop!r}")
+        jump = self.first_turn_jump_loss
+        if jump is not None and (isinstance(jump, bool) or not isinstance(jump, (int, float))
+                                 or not jump > self.first_turn_target_loss):
+            raise ValueError(f"SimTinyConfig.first_turn_jump_loss must be None or a number above "
+                             f"first_turn_target_loss={self.first_turn_target_loss}; got {jump!r}")
         object.__setattr__(self, "branch_turns", runner.checked_branch_turns(self.branch_turns, "SimTinyConfig"))
         runner.check_sample_turns(self.sample_turns, "SimTinyConfig")
         if self.shared_prefix and self.sample_turns != 1:
@@ -769,25 +780,28 @@ def _pre_sft_learner(config: SimTinyConfig, model: Any) -> learner_lib.Learner:
 
 def train_first_turns(config: SimTinyConfig, learner: learner_lib.Learner, batches: Any,
                       metrics: metrics_lib.MetricsWriter | None, *, extend: bool = True,
-                      log_prefix: str = "first_turns") -> dict[str, Any]:
+                      extend_below: float | None = None, log_prefix: str = "first_turns") -> dict[str, Any]:
     """The first-turn stage: `first_turn_steps`, then (with `extend`) FIRST_TURN_EXTENSION more at a time while the
-    mean loss of the last steps is above `first_turn_target_loss` (up to `first_turn_max_steps`); it stops sooner
-    once that mean is at or below `first_turn_stop_loss`. Returns the last step's metrics with `steps` taken, that
-    `recent_loss` and `copy_learned` (the target was reached)."""
+    mean loss of the last steps is above `first_turn_target_loss` (up to `first_turn_max_steps`) and, given
+    `extend_below`, at or below it (an attempt that may still start again goes on only once it has made the jump);
+    it stops sooner once that mean is at or below `first_turn_stop_loss`. Returns the last step's metrics with
+    `steps` taken, that `recent_loss` and `copy_learned` (the target was reached)."""
     def train(steps: int) -> sft.SftResult:
         return sft.train(learner, batches, num_steps=steps, metrics=metrics, progress=config.progress,
                          log_prefix=log_prefix, stop_below=config.first_turn_stop_loss)
 
     result = train(config.first_turn_steps)
     while (extend and result.recent_loss > config.first_turn_target_loss
+           and (extend_below is None or result.recent_loss <= extend_below)
            and result.num_steps < config.first_turn_max_steps):
         steps = min(result.num_steps + FIRST_TURN_EXTENSION, config.first_turn_max_steps)
+        why = "the copy is not used yet" if extend_below is None else \
+            f"at or below {extend_below}: the copy is used, short of the target"
         print(f"first turns: mean loss {result.recent_loss:.3f} over the last steps is above "
-              f"{config.first_turn_target_loss} (the copy is not used yet); training to step {steps}",
-              file=sys.stderr, flush=True)
+              f"{config.first_turn_target_loss} ({why}); training to step {steps}", file=sys.stderr, flush=True)
         result = train(steps)
     learned = result.recent_loss <= config.first_turn_target_loss
-    if not learned and extend:
+    if not learned and extend and extend_below is None:
         print(f"warning: first turns end at mean loss {result.recent_loss:.3f} after {result.num_steps} steps, above "
               f"{config.first_turn_target_loss}: the policy may not copy names (its held-out scores will show it)",
               file=sys.stderr, flush=True)
@@ -798,7 +812,7 @@ def pre_sft(config: SimTinyConfig, tokenizer: Any, source: Any, permutation: aug
             metrics: metrics_lib.MetricsWriter | None) -> tuple[Any, dict[str, Any]]:
     """Copy warm-up and first turns of a fresh tiny policy, started again from another initialisation while the
     first turns end above `first_turn_target_loss` (`pre_sft_attempts`; the last attempt extends its first turns
-    instead). Returns the model and the chosen attempt's stage metrics (`copy_warmup`, `first_turns`) with
+    instead, as does an earlier one that ends at or below `first_turn_jump_loss`). Returns the model and the chosen attempt's stage metrics (`copy_warmup`, `first_turns`) with
     `attempts`: each attempt's seed, first-turn steps and mean loss at the end. Attempt k logs its metrics under
     `copy_warmup`/`first_turns` with a `_k` suffix for k > 0."""
     attempts: list[dict[str, Any]] = []
@@ -819,7 +833,9 @@ def pre_sft(config: SimTinyConfig, tokenizer: Any, source: Any, permutation: aug
         first = _pre_sft_learner(config, model)
         batches = first_turns.FirstTurnBatches(source, pad_id=tokenizer.pad_id, batch_size=FIRST_TURN_BATCH,
                                                seed=seed, augment=permutation)
-        stages["first_turns"] = train_first_turns(config, first, batches, metrics, extend=last_attempt,
+        jump = None if last_attempt else config.first_turn_jump_loss
+        stages["first_turns"] = train_first_turns(config, first, batches, metrics,
+                                                  extend=last_attempt or jump is not None, extend_below=jump,
                                                   log_prefix="first_turns" + suffix)
         model = first.params_model()
         first.close()

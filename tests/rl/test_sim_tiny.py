@@ -361,6 +361,29 @@ def test_first_turns_go_on_until_the_copy_is_learned(stop, learned_at, steps, le
             dataclasses.replace(config, first_turn_stop_loss=bad)
 
 
+@pytest.mark.parametrize("loss, steps, learned", [
+    (lambda s: 0.15 if s < 760 else 0.01, 800, True),  # made the jump, short of the target: goes on
+    (lambda s: 0.15, 1400, False),  # never reaches it: goes on to the cap, and the caller starts again
+    (lambda s: 0.15 if s < 760 else 0.5, 800, False),  # loses the jump: stops, and the caller starts again
+    (lambda s: 1.2, 700, False)])  # no jump: stops at once
+def test_an_attempt_that_made_the_jump_goes_on_instead_of_starting_again(loss, steps, learned, capsys):
+    config = dataclasses.replace(MICRO, first_turn_steps=700, first_turn_max_steps=1400, first_turn_target_loss=0.1,
+                                 first_turn_stop_loss=None, first_turn_jump_loss=0.2)
+    learner = ScriptedLearner(loss)
+    result = sim_tiny.train_first_turns(config, learner, iter(lambda: {}, None), metrics=None,
+                                        extend_below=config.first_turn_jump_loss)
+    assert (result["steps"], result["copy_learned"], learner.step_count) == (steps, learned, steps)
+    err = capsys.readouterr().err
+    assert ("0.150 over the last steps is above 0.1 (at or below 0.2: the copy is used, short of the target); "
+            "training to step 800") in err if steps > 700 else not err
+    assert "warning" not in err  # an attempt that may start again does not warn
+    for bad in (0.1, 0.05, True, "0.2"):
+        with pytest.raises(ValueError, match=r"first_turn_jump_loss must be None or a number above "
+                                             r"first_turn_target_loss=0.1; got"):
+            dataclasses.replace(config, first_turn_jump_loss=bad)
+    assert dataclasses.replace(config, first_turn_jump_loss=None).first_turn_jump_loss is None
+
+
 def test_sft_goes_on_while_above_its_target_on_a_grid_of_extensions():
     config = dataclasses.replace(MICRO, sft_steps=300, sft_target_loss=0.05, sft_extension_steps=300,
                                  sft_max_extra_steps=900)
