@@ -133,7 +133,7 @@ class SimTinyConfig:
     # ... and an attempt that is not the last but ends at or below `first_turn_jump_loss` has made the jump (the
     # loss before it sits at ~1.0-1.6, and stages that did not make it ended at 0.34-0.63) and is only short of the
     # target: it goes on as the last attempt does instead of starting again (None: it starts again). Seed 37 ended
-    # its 700 steps at 0.102 and started again from an initialisation whose first turns then took 1,800 steps;
+    # its 700 steps at 0.102 and started again from an initialisation whose first turns then took 1,700 steps;
     # seed 18 ended at 0.141
     first_turn_jump_loss: float | None = 0.2
     pre_sft_attempts: int = 2
