@@ -812,8 +812,9 @@ def pre_sft(config: SimTinyConfig, tokenizer: Any, source: Any, permutation: aug
             metrics: metrics_lib.MetricsWriter | None) -> tuple[Any, dict[str, Any]]:
     """Copy warm-up and first turns of a fresh tiny policy, started again from another initialisation while the
     first turns end above `first_turn_target_loss` (`pre_sft_attempts`; the last attempt extends its first turns
-    instead, as does an earlier one that ends at or below `first_turn_jump_loss`). Returns the model and the chosen attempt's stage metrics (`copy_warmup`, `first_turns`) with
-    `attempts`: each attempt's seed, first-turn steps and mean loss at the end. Attempt k logs its metrics under
+    instead, as does an earlier one that ends at or below `first_turn_jump_loss`). Returns the model and the chosen
+    attempt's stage metrics (`copy_warmup`, `first_turns`) with `attempts`: each attempt's seed, first-turn steps
+    and mean loss at the end. Attempt k logs its metrics under
     `copy_warmup`/`first_turns` with a `_k` suffix for k > 0."""
     attempts: list[dict[str, Any]] = []
     for attempt in range(config.pre_sft_attempts):

@@ -621,8 +621,6 @@ def test_a_grpo_loop_resumes_from_its_checkpoint_to_the_parameters_of_an_uninter
 def test_rows_of_a_withdrawn_version_leave_the_rounds_reward_spread_and_staleness(run, tmp_path):
     """A learner at version 0 reading a round whose second actor's rows say version 7 (as after a resume withdrew
     the versions of an earlier attempt): those rows are dropped and left out of the round's metrics."""
-    from ranger_jax.rl import learner as learner_lib
-
     out, _ = run
     folder = tmp_path / "loop"
     shutil.copytree(out / "grpo_shards", folder / "grpo_shards")
@@ -634,8 +632,7 @@ def test_rows_of_a_withdrawn_version_leave_the_rounds_reward_spread_and_stalenes
         rows = list(shards.TrajectorySource(path))
         shards.write_shard(path, [dataclasses.replace(r, policy_version=7) for r in rows], overwrite=True)
     kept = [r for p in first if p not in withdrawn for r in shards.TrajectorySource(p)]
-    learner = learner_lib.Learner(qwen3_vl.load(out / "sft_policy"),
-                                  sim_tiny.grpo_learner(MICRO, qwen3_vl.load(out / "sft_policy")).config)
+    learner = sim_tiny.grpo_learner(MICRO, qwen3_vl.load(out / "sft_policy"))
     result = _loop_from_the_run_rounds(run, folder, learner, steps=1, every=None)
     played = sum(len(shards.TrajectorySource(p)) for p in first)
     assert result.episodes == played  # episodes/s counts what the actors played
