@@ -30,10 +30,11 @@ standard error; with one `--seed` the two runs draw their samples from the same 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 from pathlib import Path
 
-from ranger_jax import fileio
+from ranger_jax import compilation_cache, fileio
 from ranger_jax.env.sim import build, savanna, world as world_lib
 from ranger_jax.rollout import eval_world, evaluate, policy as policy_lib, runner
 
@@ -84,6 +85,12 @@ def main() -> None:
     sampled.add_argument("--seed", type=int, default=None, help="base seed of the episodes' samples (default 0)")
     parser.add_argument("--baseline", default=None,
                         help="an earlier --json of the same world: print the paired per-task reward difference")
+    cache = parser.add_mutually_exclusive_group()
+    cache.add_argument("--compilation-cache", default=None, metavar="DIR",
+                       help="checkpoints: JAX's persistent compilation cache folder, where the sampler's programs "
+                            "compiled by a run or an earlier evaluation load instead of compiling again (default: "
+                            f"the shared folder, ${compilation_cache.DEFAULT_DIR_VAR} or ~/.cache/ranger_jax/jax)")
+    cache.add_argument("--no-compilation-cache", action="store_true", help="checkpoints: compile without one")
     args = parser.parse_args()
     options = {key: value for key, value in (("concurrency", args.concurrency), ("processes", args.processes),
                                              ("max_new_tokens", args.max_new_tokens),
@@ -101,9 +108,12 @@ def main() -> None:
         if not 1 <= args.build_tasks <= build.MAX_TASKS:
             parser.error(f"--build-tasks must be in 1..{build.MAX_TASKS}; got {args.build_tasks}")
         _build_world(parser, args)
+    uses_cache = args.policy not in savanna.POLICIES and not args.no_compilation_cache
+    folder = Path(args.compilation_cache or compilation_cache.default_dir()).expanduser()
     try:
-        result = evaluate.evaluate(args.world, args.policy, env_name=args.env, limit=args.limit, progress=True,
-                                   **options)
+        with compilation_cache.enabled(folder) if uses_cache else contextlib.nullcontext():
+            result = evaluate.evaluate(args.world, args.policy, env_name=args.env, limit=args.limit, progress=True,
+                                       **options)
         if baseline is not None:
             result["comparison"] = evaluate.compare(baseline, result)
     except (ValueError, FileNotFoundError) as err:

@@ -6,8 +6,14 @@ optimisation level 0 skips LLVM's passes over the generated code (XLA's own HLO 
 the whole suite took 715 s instead of 905 s on 2 cores, with every test passing. Speed is measured in
 `benchmarks/`, which run at the default level. Setting the level in XLA_FLAGS overrides this one; actor and
 learner processes the tests start inherit the flags.
+
+Runs that use the shared compilation cache by default (`ranger_jax.compilation_cache.default_dir`, e.g. a sim-tiny
+run) compile into a folder of this test process's own, removed at exit, never into the user's ~/.cache.
 """
+import atexit
 import os
+import shutil
+import tempfile
 
 _FLAG = "--xla_force_host_platform_device_count=8"
 if _FLAG not in os.environ.get("XLA_FLAGS", ""):
@@ -18,6 +24,9 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+_CACHE = tempfile.mkdtemp(prefix="ranger_jax_test_cache_")
+os.environ["RANGER_JAX_CACHE_DIR"] = _CACHE
+atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 
 from absl import flags  # noqa: E402
 

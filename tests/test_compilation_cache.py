@@ -33,7 +33,8 @@ def test_child_processes_share_compiled_programs(tmp_path):
     with compilation_cache.enabled(tmp_path / "cache") as env:
         assert jax.config.jax_compilation_cache_dir == str(tmp_path / "cache")
         assert jax.config.jax_persistent_cache_min_compile_time_secs == 0.0
-    assert env == {compilation_cache.DIR_VAR: str(tmp_path / "cache"), compilation_cache.MIN_TIME_VAR: "0"}
+    assert env == {compilation_cache.DIR_VAR: str(tmp_path / "cache"), compilation_cache.MIN_TIME_VAR: "0",
+                   compilation_cache.XLA_CACHES_VAR: "none"}
     assert _child(env)["hits"] == 0  # the first process compiles and writes the program
     assert any((tmp_path / "cache").iterdir())
     assert _child(env)["hits"] >= 1  # the next one loads it
@@ -71,3 +72,76 @@ def test_the_scoped_cache_is_closed_when_the_block_fails(tmp_path, every_program
     assert written
     jax.jit(lambda x: jnp.tan(x) * 1.5)(jnp.ones((2, 9))).block_until_ready()
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == written
+
+
+def _programs(folder):
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith("jit_"))
+
+
+def test_two_folders_key_a_program_alike_so_a_copied_cache_hits(tmp_path):
+    """JAX's default puts the GPU autotuning cache's path, inside the folder, into every key; with XLA's caches off
+    the key is the program's, so one folder serves every run and a copy of it hits."""
+    names = {}
+    for name in ("a", "b"):
+        with compilation_cache.enabled(tmp_path / name) as env:
+            pass
+        assert _child(env)["hits"] == 0
+        names[name] = _programs(tmp_path / name)
+    assert names["a"] == names["b"] and names["a"]
+    (tmp_path / "copy").mkdir()
+    for path in (tmp_path / "a").iterdir():
+        (tmp_path / "copy" / path.name).write_bytes(path.read_bytes())
+    with compilation_cache.enabled(tmp_path / "copy") as env:
+        pass
+    assert _child(env)["hits"] >= 1
+    with compilation_cache.enabled(tmp_path / "gpu", xla_caches="xla_gpu_per_fusion_autotune_cache_dir") as env:
+        pass
+    assert env[compilation_cache.XLA_CACHES_VAR] == "xla_gpu_per_fusion_autotune_cache_dir"
+    assert _child(env)["hits"] == 0 and _programs(tmp_path / "gpu") != names["a"]  # JAX's default: keyed by folder
+
+
+JOINED = """
+import json, sys
+import jax, jax.numpy as jnp
+from ranger_jax import compilation_cache
+compilation_cache.join(tuple(json.loads(sys.argv[1])))
+jax.jit(lambda x: jnp.tanh(x @ x.T).sum() * 3.0 + 1.5)(jnp.ones((7, 5))).block_until_ready()
+print(json.dumps([jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_enable_xla_caches]))
+"""
+
+
+def test_a_worker_that_joins_the_parents_cache_keys_programs_as_the_parent_does(tmp_path, every_program_cacheable):
+    folder = tmp_path / "cache"
+    with compilation_cache.enabled(folder):
+        saved = compilation_cache.settings()
+        jax.jit(lambda x: jnp.tanh(x @ x.T).sum() * 3.0 + 1.5)(jnp.ones((7, 5))).block_until_ready()
+    assert saved == (str(folder), 0.0, "none")
+    written = [name for name in _programs(folder) if name.startswith("jit__lambda")]
+    assert len(written) == 1
+    out = subprocess.run([sys.executable, "-c", JOINED, json.dumps(saved)], capture_output=True, text=True,
+                         timeout=120, check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [str(folder), "none"]
+    # the worker loaded the parent's program: it wrote no second one (other programs, e.g. jnp.ones', it may write)
+    assert [name for name in _programs(folder) if name.startswith("jit__lambda")] == written
+    out = subprocess.run([sys.executable, "-c", JOINED, json.dumps([None, 0.0, None])], capture_output=True,
+                         text=True, timeout=120, check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1])[0] is None  # no folder: the worker compiles alone
+
+
+def test_the_default_folder_is_the_users_cache_unless_the_environment_names_one(tmp_path, monkeypatch):
+    monkeypatch.setenv(compilation_cache.DEFAULT_DIR_VAR, str(tmp_path / "mine"))
+    assert compilation_cache.default_dir() == tmp_path / "mine"
+    monkeypatch.delenv(compilation_cache.DEFAULT_DIR_VAR)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert compilation_cache.default_dir() == tmp_path / "xdg" / "ranger_jax" / "jax"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert compilation_cache.default_dir() == tmp_path / "home" / ".cache" / "ranger_jax" / "jax"
+
+
+def test_the_scoped_cache_puts_xla_caches_back_on_exit(tmp_path):
+    saved = jax.config.jax_persistent_cache_enable_xla_caches
+    with compilation_cache.enabled(tmp_path / "cache"):
+        assert jax.config.jax_persistent_cache_enable_xla_caches == "none"
+    assert jax.config.jax_persistent_cache_enable_xla_caches == saved
+

@@ -246,10 +246,13 @@ class SimTinyConfig:
     # results are consumed in the worlds' order. Measured on 2 cores (docs/sim_tiny.md): ~55 s -> ~33 s. A run of
     # fewer than MIN_TASKS_FOR_WORKERS world tasks uses this process alone (`stage_workers`)
     workers: int = 0
-    # JAX's persistent compilation cache in OUT/jax_cache (`ranger_jax.compilation_cache`): the actor and the
-    # evaluations load the sampler programs compiled before them instead of compiling them again, and a rerun of the
-    # folder compiles nothing
+    # JAX's persistent compilation cache (`ranger_jax.compilation_cache`): the actor and the evaluations load the
+    # sampler programs compiled before them instead of compiling them again, and a later run on the machine loads
+    # what an earlier one compiled (programs do not depend on the seed, except the first turns' length). In
+    # `compilation_cache_dir`, by default (None) the user's shared folder (`compilation_cache.default_dir()`:
+    # $RANGER_JAX_CACHE_DIR, else ~/.cache/ranger_jax/jax); a run that is to be timed from nothing names an empty one
     compilation_cache: bool = True
+    compilation_cache_dir: str | None = None
     # with two or more actor processes, each runs on its own share of the cores (`actor --cpus`,
     # `cpu_affinity.split_cpus`), as do the evaluations' worker processes: XLA sizes each process's thread pool to the
     # cores it may use, and pools as wide as the machine preempt one another. Measured on 2 cores (docs/sim_tiny.md):
@@ -288,6 +291,10 @@ class SimTinyConfig:
                                  or not jump > self.first_turn_target_loss):
             raise ValueError(f"SimTinyConfig.first_turn_jump_loss must be None or a number above "
                              f"first_turn_target_loss={self.first_turn_target_loss}; got {jump!r}")
+        if self.compilation_cache_dir is not None and (not isinstance(self.compilation_cache_dir, str)
+                                                       or not self.compilation_cache_dir.strip()):
+            raise ValueError(f"SimTinyConfig.compilation_cache_dir must be None (the shared default) or a folder; got "
+                             f"{self.compilation_cache_dir!r}")
         object.__setattr__(self, "branch_turns", runner.checked_branch_turns(self.branch_turns, "SimTinyConfig"))
         runner.check_sample_turns(self.sample_turns, "SimTinyConfig")
         if self.shared_prefix and self.sample_turns != 1:
@@ -1014,13 +1021,23 @@ def _summary_scores(prefix: str, result: dict[str, Any]) -> dict[str, float]:
 def run(config: SimTinyConfig, out: str | Path) -> dict[str, Any]:
     """The whole sim-tiny job into folder `out` (see the module docstring); returns the summary it writes.
 
-    With `config.compilation_cache` this process and its children compile into `out/jax_cache` during the run
-    only: the caller's cache settings are back on return."""
+    With `config.compilation_cache` this process and its children compile into `compilation_cache_folder(config)`
+    during the run only: the caller's cache settings are back on return."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    cache = compilation_cache.enabled(out / "jax_cache") if config.compilation_cache else contextlib.nullcontext({})
+    folder = compilation_cache_folder(config)
+    cache = compilation_cache.enabled(folder) if folder is not None else contextlib.nullcontext({})
     with cache as actor_env:
         return _run(config, out, actor_env)
+
+
+def compilation_cache_folder(config: SimTinyConfig) -> Path | None:
+    """The run's compilation cache folder: `config.compilation_cache_dir`, else the shared default; None when off."""
+    if not config.compilation_cache:
+        return None
+    if config.compilation_cache_dir is None:
+        return compilation_cache.default_dir()
+    return Path(config.compilation_cache_dir).expanduser()
 
 
 def _run(config: SimTinyConfig, out: Path, actor_env: dict[str, str]) -> dict[str, Any]:
@@ -1081,6 +1098,7 @@ def _run(config: SimTinyConfig, out: Path, actor_env: dict[str, str]) -> dict[st
         "grpo_minus_sft_reward": evaluate.compare(sft_eval, grpo_eval)["reward_difference"],
         "reward_per_task": {"sft": sft_eval["reward_per_task"], "grpo": grpo_eval["reward_per_task"]},
         "timings_s": timings, "wall_seconds": round(time.monotonic() - started, 1),
+        "compilation_cache": jax.config.jax_compilation_cache_dir or None,  # programs loaded from it took no time
         "config": dataclasses.asdict(config),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n", "utf-8")

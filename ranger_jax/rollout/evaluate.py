@@ -331,17 +331,15 @@ def _play(world_dir: str, checkpoint: str, play: _PlaySettings, part: tuple[int,
 
 
 def _play_part(world_dir: str, checkpoint: str, play: _PlaySettings, part: tuple[int, int],
-               trajectories_out: str | None, cache: tuple[str | None, float], cpus: list[int] | None = None
-               ) -> tuple[dict[str, list[savanna.Episode]], dict[str, Any]]:
-    """`_play` in a worker process, compiling into the parent's persistent compilation cache (`cache`: its folder,
-    None for none, and its minimum compile time), on `cpus` alone when given (pinned before JAX starts)."""
+               trajectories_out: str | None, cache: tuple[str | None, float, str | None],
+               cpus: list[int] | None = None) -> tuple[dict[str, list[savanna.Episode]], dict[str, Any]]:
+    """`_play` in a worker process, compiling into the parent's persistent compilation cache (`cache`:
+    `compilation_cache.settings()` there), on `cpus` alone when given (pinned before JAX starts)."""
     if cpus is not None:
         cpu_affinity.pin(cpus)
-    import jax
+    from ranger_jax import compilation_cache
 
-    if cache[0] is not None:
-        jax.config.update("jax_compilation_cache_dir", cache[0])
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", cache[1])
+    compilation_cache.join(cache)
     return _play(world_dir, checkpoint, play, part, trajectories_out, False)
 
 
@@ -350,11 +348,9 @@ def _play_in_processes(world_dir: str, checkpoint: str, play: _PlaySettings, pro
                        ) -> tuple[dict[str, list[savanna.Episode]], dict[str, Any]]:
     """`_play` of each part in its own spawned process (each on its share of the cores with `pin_cpus`, where the
     platform can pin); the report rows of all, their trajectories in one shard."""
-    import jax
+    from ranger_jax import compilation_cache, process_pool
 
-    from ranger_jax import process_pool
-
-    cache = (jax.config.jax_compilation_cache_dir, float(jax.config.jax_persistent_cache_min_compile_time_secs))
+    cache = compilation_cache.settings()
     final = Path(trajectories_out) if trajectories_out is not None else None
     parts = [None if final is None else str(final.with_name(f"{final.stem}.part{i}of{processes}{final.suffix}"))
              for i in range(processes)]

@@ -43,7 +43,7 @@ MICRO = sim_tiny.SimTinyConfig(
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("sim_tiny")
-    return out, sim_tiny.run(MICRO, out)
+    return out, sim_tiny.run(dataclasses.replace(MICRO, compilation_cache_dir=str(out / "jax_cache")), out)
 
 
 def test_summary_has_every_score(run):
@@ -53,6 +53,7 @@ def test_summary_has_every_score(run):
         for what in ("search_score", "reward"):
             assert 0.0 <= on_disk[f"{who}_{what}"] <= 1.0
     assert on_disk["num_eval_tasks"] == 4 and on_disk["wall_seconds"] > 0
+    assert on_disk["compilation_cache"] == str(out / "jax_cache")  # where programs came from, for reading the wall
     assert on_disk["expert_search_score"] == 1.0
     assert on_disk["eval_world_seed"] not in on_disk["train_world_seeds"]
     assert on_disk["world_version"] == 1
@@ -384,6 +385,34 @@ def test_an_attempt_that_made_the_jump_goes_on_instead_of_starting_again(loss, s
     assert dataclasses.replace(config, first_turn_jump_loss=None).first_turn_jump_loss is None
 
 
+@pytest.mark.parametrize("jump, ends, calls", [
+    # the first attempt may go on past its steps once it has made the jump, and here it reaches the target
+    (0.2, [0.05], [(1, True, 0.2)]),
+    # it did not make the jump: the second, last attempt extends without a bound
+    (0.2, [0.5, 0.04], [(1, True, 0.2), (1001, True, None)]),
+    (None, [0.15, 0.04], [(1, False, None), (1001, True, None)])])  # no jump rule: the first starts again
+def test_pre_sft_lets_only_an_attempt_that_may_start_again_stop_at_the_jump_loss(run, jump, ends, calls,
+                                                                                monkeypatch):
+    out, _ = run
+    config = dataclasses.replace(MICRO, seed=1, copy_warmup_steps=0, first_turn_target_loss=0.1,
+                                 first_turn_jump_loss=jump, pre_sft_attempts=2)
+    seen, outcomes = [], iter(ends)
+
+    def first_turns(config, learner, batches, metrics, *, extend, extend_below, log_prefix):
+        seen.append((batches.seed, extend, extend_below))
+        loss = next(outcomes)
+        return {"loss": loss, "steps": 7, "recent_loss": loss, "copy_learned": loss <= config.first_turn_target_loss}
+
+    from ranger_jax.processing import tokenizer as tokenizer_lib
+
+    monkeypatch.setattr(sim_tiny, "train_first_turns", first_turns)
+    tokenizer = tokenizer_lib.load_tokenizer(out / "tokenizer")
+    _, stages = sim_tiny.pre_sft(config, tokenizer, shards.TrajectorySource(out / "sft_data"), None, None)
+    assert seen == calls
+    assert [a["recent_loss"] for a in stages["attempts"]] == ends
+    assert [a["seed"] for a in stages["attempts"]] == [seed for seed, _, _ in calls]
+
+
 def test_sft_goes_on_while_above_its_target_on_a_grid_of_extensions():
     config = dataclasses.replace(MICRO, sft_steps=300, sft_target_loss=0.05, sft_extension_steps=300,
                                  sft_max_extra_steps=900)
@@ -400,6 +429,19 @@ def test_sft_goes_on_while_above_its_target_on_a_grid_of_extensions():
         dataclasses.replace(config, sft_target_loss=-1)
     with pytest.raises(ValueError, match="sft_max_extra_steps must be an int >= 0; got 1.5"):
         dataclasses.replace(config, sft_max_extra_steps=1.5)
+
+
+def test_the_compilation_cache_is_the_shared_folder_unless_the_config_names_one(tmp_path, monkeypatch):
+    from ranger_jax import compilation_cache
+
+    monkeypatch.setenv(compilation_cache.DEFAULT_DIR_VAR, str(tmp_path / "shared"))
+    assert sim_tiny.compilation_cache_folder(sim_tiny.SimTinyConfig()) == tmp_path / "shared"
+    named = sim_tiny.configure(overrides=sim_tiny.config_overrides([f"compilation_cache_dir={tmp_path / 'mine'}"]))
+    assert sim_tiny.compilation_cache_folder(named) == tmp_path / "mine"
+    assert sim_tiny.compilation_cache_folder(dataclasses.replace(named, compilation_cache=False)) is None
+    for bad in ("", "  ", 3):
+        with pytest.raises(ValueError, match="compilation_cache_dir must be None .the shared default. or a folder"):
+            sim_tiny.SimTinyConfig(compilation_cache_dir=bad)
 
 
 def test_config_overrides_are_typed_by_the_field():

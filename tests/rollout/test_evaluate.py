@@ -11,6 +11,7 @@ import shutil
 import sys
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 
@@ -52,12 +53,16 @@ def test_checkpoint_eval_uses_its_settings_and_is_deterministic(checkpoint, worl
     for row in first["episodes"]:
         assert row["termination"] in ("repeated_response", "no_answer") and row["zero_reason"] is not None
         assert row["num_turns"] <= 3 and row["last_response"]
-    out = tmp_path / "second.json"  # the second run goes through the command line
+    out = tmp_path / "second.json"  # the second run goes through the command line, compiling into a cache
+    saved = jax.config.jax_compilation_cache_dir
     monkeypatch.setattr(sys, "argv", ["savanna_sim.py", "--world", str(world_dir), "--policy", str(checkpoint),
-                                      "--json", str(out), "--limit", "2", "--concurrency", "2"])
+                                      "--json", str(out), "--limit", "2", "--concurrency", "2",
+                                      "--compilation-cache", str(tmp_path / "cache")])
     runpy.run_path(str(REPO / "evals" / "savanna_sim.py"), run_name="__main__")
     second = json.loads(out.read_text())
     assert second == json.loads(json.dumps(first))  # greedy: the same turns, rows and summary
+    assert any(p.name.startswith("jit_") for p in (tmp_path / "cache").iterdir())
+    assert jax.config.jax_compilation_cache_dir == saved  # the command's cache is closed again
 
 
 def test_env_option_replaces_the_recorded_settings(checkpoint, world_dir):
@@ -361,3 +366,4 @@ def test_split_evaluation_gives_each_worker_its_share_of_the_cores(checkpoint, w
         with pytest.raises(RuntimeError, match="stopped before running"):
             evaluate.evaluate_checkpoint(world_dir, checkpoint, limit=2, **{"processes": 2, **options})
     assert handed == [[[0, 1], [2]], [None, None], [[0], [1], [2]]]
+
