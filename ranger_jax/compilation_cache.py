@@ -1,11 +1,11 @@
-"""JAX's persistent compilation cache for one run: a program compiled once is loaded from disk by every later
-process of the run that compiles the same program (the actors, the evaluations) and by a rerun of the run.
+"""JAX's persistent compilation cache for runs: a program compiled once is loaded from disk by every later process
+that compiles the same program, in the run (the actors, the evaluations) and in later runs that use the folder.
 
 On two CPU cores the sim-tiny run spends minutes compiling: the sampler compiles a program per shape bucket
 (`sampling.buckets`) and each evaluation or actor process starts with an empty in-memory cache. JAX keys cached
 programs by their HLO, compile options, backend and JAX version, so a hit is the same program, never a stale one.
 
-    with compilation_cache.enabled(out / "jax_cache") as env:  # this process, until the block ends
+    with compilation_cache.enabled(default_dir()) as env:  # this process, until the block ends
         subprocess.Popen(command, env={**os.environ, **env})    # child processes use the same folder
 
 JAX opens its cache folder once per process and keeps writing into it even after the folder setting changes; the
