@@ -70,10 +70,7 @@ def enable(directory: str | os.PathLike, *, xla_caches: str = "none") -> dict[st
     if path.exists() and not path.is_dir():
         raise ValueError(f"compilation cache {path} exists and is not a folder")
     path.mkdir(parents=True, exist_ok=True)
-    jax.config.update("jax_compilation_cache_dir", str(path))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)  # the tiny programs take ~1 s each
-    jax.config.update("jax_persistent_cache_enable_xla_caches", xla_caches)
-    _reopen()
+    _apply((str(path), 0.0, xla_caches))  # a minimum compile time of 0: the tiny programs take ~1 s each
     return {DIR_VAR: str(path), MIN_TIME_VAR: "0", XLA_CACHES_VAR: xla_caches}
 
 
@@ -81,15 +78,11 @@ def enable(directory: str | os.PathLike, *, xla_caches: str = "none") -> dict[st
 def enabled(directory: str | os.PathLike, *, xla_caches: str = "none") -> Iterator[dict[str, str]]:
     """`enable(directory, xla_caches=...)` for the block only: on exit this process's cache settings are what they
     were before (and the folder is closed), so compilations after the block neither read nor write `directory`."""
-    saved = (jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_min_compile_time_secs,
-             jax.config.jax_persistent_cache_enable_xla_caches)
+    saved = settings()
     try:
         yield enable(directory, xla_caches=xla_caches)
     finally:
-        jax.config.update("jax_compilation_cache_dir", saved[0])
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", saved[1])
-        jax.config.update("jax_persistent_cache_enable_xla_caches", saved[2])
-        _reopen()
+        _apply(saved)
 
 
 def settings() -> tuple[str | None, float, str | None]:
@@ -102,11 +95,14 @@ def join(saved: tuple[str | None, float, str | None]) -> None:
     """Makes this (worker) process compile into the cache `settings()` described in its parent, keyed as the parent
     keys its programs (the XLA caches setting is part of every key), so each loads what the other compiled. A
     folder of None leaves the process without a cache."""
+    if saved[0] is not None:
+        _apply(saved)
+
+
+def _apply(saved: tuple[str | None, float, str | None]) -> None:
+    """Sets this process's cache settings to `saved` (as `settings()` returns them) and reopens the folder."""
     folder, min_time, xla_caches = saved
-    if folder is None:
-        return
     jax.config.update("jax_compilation_cache_dir", folder)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", min_time)
     jax.config.update("jax_persistent_cache_enable_xla_caches", xla_caches)
     _reopen()
-

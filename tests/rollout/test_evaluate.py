@@ -366,4 +366,3 @@ def test_split_evaluation_gives_each_worker_its_share_of_the_cores(checkpoint, w
         with pytest.raises(RuntimeError, match="stopped before running"):
             evaluate.evaluate_checkpoint(world_dir, checkpoint, limit=2, **{"processes": 2, **options})
     assert handed == [[[0, 1], [2]], [None, None], [[0], [1], [2]]]
-
