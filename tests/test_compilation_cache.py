@@ -145,3 +145,44 @@ def test_the_scoped_cache_puts_xla_caches_back_on_exit(tmp_path):
         assert jax.config.jax_persistent_cache_enable_xla_caches == "none"
     assert jax.config.jax_persistent_cache_enable_xla_caches == saved
 
+
+
+def _program(folder, name, size, used_ns):
+    path = folder / f"jit_{name}-{name * 8}-cache"
+    path.write_bytes(b"x" * size)
+    os.utime(path, ns=(used_ns, used_ns))
+    return path
+
+
+def test_prune_deletes_the_programs_used_longest_ago_down_to_the_size(tmp_path):
+    second = 1_000_000_000
+    old = _program(tmp_path, "a", 300, 10 * second)
+    (tmp_path / f"{old.name.removesuffix('-cache')}-atime").write_bytes(b"12345678")  # JAX's, with its own limit
+    read_later = _program(tmp_path, "b", 300, 20 * second)
+    os.utime(read_later, ns=(50 * second, 20 * second))  # written second, read last
+    newer = _program(tmp_path, "c", 300, 30 * second)
+    other = tmp_path / "xla_gpu_per_fusion_autotune_cache_dir"
+    other.mkdir()
+    (other / "entry").write_bytes(b"y" * 5000)  # not a program: neither counted nor touched
+    assert compilation_cache.prune(tmp_path, 600) == (1, 300)
+    assert not old.exists() and not (tmp_path / f"{old.name.removesuffix('-cache')}-atime").exists()
+    assert read_later.exists() and newer.exists() and (other / "entry").exists()
+    assert compilation_cache.prune(tmp_path, 300) == (1, 300)
+    assert read_later.exists() and not newer.exists()
+    assert compilation_cache.prune(tmp_path, 300) == (0, 0)
+    assert compilation_cache.prune(tmp_path, 0) == (1, 300) and not read_later.exists()
+    for bad in (-1, 1.5, True, None):
+        with pytest.raises(ValueError, match="max_bytes"):
+            compilation_cache.prune(tmp_path, bad)
+
+
+def test_opening_a_folder_bounds_it_unless_told_not_to(tmp_path):
+    for i, name in enumerate("abcd"):
+        _program(tmp_path, name, 1000, (i + 1) * 1_000_000_000)
+    with compilation_cache.enabled(tmp_path, max_bytes=None):
+        pass
+    assert len(_programs(tmp_path)) == 4
+    with compilation_cache.enabled(tmp_path, max_bytes=2500):
+        pass
+    assert _programs(tmp_path) == sorted(f"jit_{n}-{n * 8}-cache" for n in "cd")
+    assert compilation_cache.DEFAULT_MAX_BYTES >= 1 << 30  # a default far above one run's ~15 MB
