@@ -125,8 +125,9 @@ def enable(directory: str | os.PathLike, *, xla_caches: str = "none",
 @contextlib.contextmanager
 def enabled(directory: str | os.PathLike, *, xla_caches: str = "none",
             max_bytes: int | None = DEFAULT_MAX_BYTES) -> Iterator[dict[str, str]]:
-    """`enable(directory, xla_caches=..., max_bytes=...)` for the block only: on exit this process's cache settings are what they
-    were before (and the folder is closed), so compilations after the block neither read nor write `directory`."""
+    """`enable(directory, xla_caches=..., max_bytes=...)` for the block only: on exit this process's cache settings
+    are what they were before (and the folder is closed), so compilations after the block neither read nor write
+    `directory`."""
     saved = settings()
     try:
         yield enable(directory, xla_caches=xla_caches, max_bytes=max_bytes)
