@@ -146,7 +146,6 @@ def test_the_scoped_cache_puts_xla_caches_back_on_exit(tmp_path):
     assert jax.config.jax_persistent_cache_enable_xla_caches == saved
 
 
-
 def _program(folder, name, size, used_ns):
     path = folder / f"jit_{name}-{name * 8}-cache"
     path.write_bytes(b"x" * size)

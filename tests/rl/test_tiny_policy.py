@@ -68,4 +68,3 @@ def test_a_different_size_is_a_different_config(tokenizers):
     a, _ = tokenizers
     wider = tiny_policy.TinyPolicySize(**{**vars(SIZE), "hidden_size": 64})
     assert tiny_policy.model_config(a, wider) != tiny_policy.model_config(a, SIZE)
-
